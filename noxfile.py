@@ -1,0 +1,98 @@
+"""Test sessions: the engine alone, and one session per pinned upstream stack.
+
+``python -m nox`` runs them all (the README's test command and CI's).  Each stack is a
+full pin list in ``stacks/`` installed with ``--no-deps`` on the CPU build of torch,
+because the published metadata of trinity-rft, verl and vLLM cannot be resolved
+together (see ``stacks/README.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+STACKS = {
+    "a": "a-trinity-0.6.0_verl-0.8.0.txt",
+    "b": "b-trinity-0.6.0_verl-0.7.1.txt",
+    "c": "c-trinity-0.5.2_verl-0.7.1.txt",
+}
+PYTHONS = ["3.10", "3.11", "3.12"]
+
+nox.options.default_venv_backend = "uv|virtualenv"
+# A Python that is not on this machine is skipped, never downloaded.
+nox.options.error_on_missing_interpreters = False
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "engine"]  # stack sessions join when their pins land
+
+
+def _find_links() -> list[str]:
+    """Where this machine keeps local wheels (the CPU build of torch), as pip is configured.
+
+    uv does not read pip's configuration, so the setting is passed on explicitly.
+    """
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    if not links and shutil.which("pip"):
+        out = subprocess.run(
+            ["pip", "config", "get", "global.find-links"], capture_output=True, text=True, check=False
+        )
+        links = out.stdout.split() if out.returncode == 0 else []
+    return [arg for link in links for arg in ("--find-links", link)]
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff and mypy (strict) on the package."""
+    session.install("ruff==0.17.6", "mypy==2.4.1", "wrapt>=2.4,<3", "packaging")
+    session.run("ruff", "check", "npu_compat", "tests", "bench", "noxfile.py")
+    session.run("ruff", "format", "--check", "npu_compat", "tests", "bench", "noxfile.py")
+    session.run("mypy")
+
+
+def _expose_pyenv_pythons() -> None:
+    """Put every pyenv-installed CPython on PATH, so that 3.10 and 3.12 are found beside 3.11."""
+    if not shutil.which("pyenv"):
+        return
+    out = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True, check=False)
+    for version in out.stdout.split():
+        if version.rsplit(".", 1)[0] in PYTHONS:
+            prefix = subprocess.run(["pyenv", "prefix", version], capture_output=True, text=True, check=False)
+            if prefix.returncode == 0 and prefix.stdout.strip():
+                os.environ["PATH"] = f"{prefix.stdout.strip()}/bin{os.pathsep}{os.environ['PATH']}"
+
+
+_expose_pyenv_pythons()
+
+
+@nox.session(python=PYTHONS)
+def engine(session: nox.Session) -> None:
+    """The engine's own tests, with no upstream package installed."""
+    session.install(".", "pytest>=8")
+    session.run("pytest", "tests/engine", *session.posargs)
+
+
+def _stack_session(name: str, pins: str) -> None:
+    @nox.session(name=f"stack-{name}", python="3.11")
+    def stack(session: nox.Session) -> None:
+        session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links())
+        session.install("--no-deps", ".")
+        session.run("pytest", "tests", *session.posargs)
+
+    stack.__doc__ = f"Every test against the real upstream stack {pins[:-4]}."
+
+
+for _name, _pins in STACKS.items():
+    _stack_session(_name, _pins)
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: what npu-compat decides and would patch on this host, and on an NPU decision."""
+    session.install(".")
+    session.run("python", "-m", "npu_compat", "report")
+    session.run("python", "-m", "npu_compat", "report", "--device", "npu")

@@ -1,0 +1,85 @@
+"""npu-compat: run unmodified Trinity-RFT on Ascend NPUs; do nothing anywhere else.
+
+Public API::
+
+    npu_compat.activate(device=None, *, strict=None) -> str   # "npu", "cuda", "cpu" or "off"
+    npu_compat.deactivate()
+    npu_compat.report()            # one record per patch, and .decision
+    npu_compat.is_patched(obj)
+    npu_compat.get_original(obj)
+
+Importing this package, and activating it anywhere but on an Ascend host, imports
+only its own start-up module (``_env``).  The engine, wrapt and
+packaging are loaded on the NPU path only, and upstream packages are patched when
+(and only if) they are imported.
+"""
+
+import sys
+
+__version__ = "0.1.0"
+
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._engine import Report as Report
+    from ._engine import deactivate, get_original, is_patched, report
+    from ._errors import ConfigError, NpuCompatWarning, PatchError
+    from ._spec import PatchSpec
+
+__all__ = [
+    "ConfigError",
+    "NpuCompatWarning",
+    "PatchError",
+    "PatchSpec",
+    "__version__",
+    "activate",
+    "deactivate",
+    "get_original",
+    "is_patched",
+    "report",
+]
+
+_LAZY = {
+    "deactivate": "_engine",
+    "report": "_engine",
+    "is_patched": "_engine",
+    "get_original": "_engine",
+    "Report": "_engine",
+    "ConfigError": "_errors",
+    "NpuCompatWarning": "_errors",
+    "PatchError": "_errors",
+    "PatchSpec": "_spec",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'npu_compat' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"npu_compat.{module}"), name)
+
+
+def activate(
+    device: "str | None" = None, *, strict: "bool | None" = None, specs: "Iterable[PatchSpec] | None" = None
+) -> str:
+    """Activate npu-compat in this process and return the device decided.
+
+    Idempotent and thread-safe.  Only on ``"npu"`` is anything registered: post-import
+    hooks for every patch target, and patches applied at once to targets already
+    imported.  ``specs`` replaces the built-in catalogue (tests, extensions).
+    Raises :class:`ConfigError` for an unknown device name.
+    """
+    from . import _env
+
+    if "npu_compat._engine" not in sys.modules:
+        decision = _env.decide(device)
+        if not decision.is_npu:
+            # The no-op path: record the decision for report() and load nothing else.
+            _env.LAST = decision
+            return decision.device
+    from . import _engine
+
+    return _engine.activate(device, strict=strict, specs=specs)

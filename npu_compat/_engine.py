@@ -1,0 +1,511 @@
+"""The activation engine: decide, register hooks, apply patches, keep a ledger, undo.
+
+State lives in one module-level :class:`_State` guarded by one re-entrant lock, so
+``activate()``, ``deactivate()`` and post-import hooks firing from several threads
+apply each patch exactly once.  Every change to an upstream object is written to the
+ledger as ``(owner, name, original, new)`` before anything else can observe it, and
+undone in reverse order.
+
+On any device decision but ``npu`` nothing is registered and nothing is imported
+beyond npu-compat's own small start-up modules.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import warnings
+
+from . import _env
+from ._env import Decision, decide
+from ._hooks import PostImportFinder
+from ._spec import PatchSpec, load
+
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import ModuleType
+
+STATUSES = ("pending", "applied", "skipped", "failed")
+_MISSING = object()
+
+
+class _Change:
+    __slots__ = ("owner", "name", "original", "new", "had_own")
+
+    def __init__(self, owner: object, name: str, original: object, new: object, had_own: bool) -> None:
+        self.owner = owner
+        self.name = name
+        self.original = original
+        self.new = new
+        self.had_own = had_own
+
+
+class _Record:
+    __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original")
+
+    def __init__(self, spec: PatchSpec) -> None:
+        self.spec = spec
+        self.status = "pending"
+        self.reason = f"waiting for {spec.module} to be imported"
+        self.installed: str | None = None
+        self.changes: list[_Change] = []
+        self.live = False
+        self.new: object = _MISSING
+        self.original: object = _MISSING
+
+    def as_dict(self) -> dict[str, object]:
+        spec = self.spec
+        return {
+            "id": spec.id,
+            "target": spec.target,
+            "distribution": spec.distribution,
+            "versions": spec.versions,
+            "installed": self.installed,
+            "status": self.status,
+            "reason": self.reason,
+            "copies_repointed": [
+                f"{getattr(c.owner, '__name__', c.owner)}:{c.name}" for c in self.changes[1:]
+            ],
+            "why": spec.why,
+            "upstream_fix": spec.upstream_fix,
+            "remove_when": spec.remove_when,
+        }
+
+
+class Report(list):  # type: ignore[type-arg]
+    """``report()``'s answer: one dict per patch, plus the device decision as ``.decision``."""
+
+    decision: dict[str, object]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"decision": self.decision, "patches": list(self)}
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = _thread.RLock()
+        self.reset()
+        # id(new) -> (new, original); kept after deactivate so get_original() still answers.
+        self.originals: dict[int, tuple[object, object]] = {}
+        self.summary_logged = False
+
+    def reset(self) -> None:
+        self.active = False
+        self.decision: Decision | None = None
+        self.strict = False
+        self.records: dict[str, _Record] = {}
+        self.order: list[_Record] = []
+        self.by_module: dict[str, list[_Record]] = {}
+        self.by_copy: dict[str, list[_Record]] = {}
+        self.finder: PostImportFinder | None = None
+
+
+_state = _State()
+
+
+# -- logging and warnings -------------------------------------------------------------
+
+
+def _log(level: str, message: str) -> None:
+    # logging costs milliseconds to import; it is only imported once something happens.
+    import logging
+
+    getattr(logging.getLogger("npu_compat"), level)(message)
+
+
+def _warn(message: str) -> None:
+    from ._errors import NpuCompatWarning
+
+    warnings.warn(message, NpuCompatWarning, stacklevel=3)
+
+
+def _summary(state: _State) -> str:
+    counts = {status: 0 for status in STATUSES}
+    for rec in state.records.values():
+        counts[rec.status] += 1
+    decision = state.decision
+    assert decision is not None
+    evidence = f": {'; '.join(decision.evidence)}" if decision.evidence else ""
+    return (
+        f"npu_compat active in pid {os.getpid()}: device={decision.device} ({decision.source}{evidence}); "
+        f"{len(state.records)} patches: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+    )
+
+
+def _maybe_log_summary(state: _State, force: bool = False) -> None:
+    if state.summary_logged or not (force or "logging" in sys.modules):
+        return
+    state.summary_logged = True
+    _log("info", _summary(state))
+
+
+# -- versions -------------------------------------------------------------------------
+
+
+def installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def version_in_range(installed: str, versions: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(versions).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+# -- applying -------------------------------------------------------------------------
+
+
+def _skip(state: _State, rec: _Record, reason: str, warn: bool = False) -> None:
+    rec.status = "skipped"
+    rec.reason = reason
+    _log("debug", f"npu_compat: skipped {rec.spec.id}: {reason}")
+    if warn:
+        _warn(f"npu_compat: skipped {rec.spec.id}: {reason}")
+
+
+def _fail(state: _State, rec: _Record, problem: str) -> None:
+    spec = rec.spec
+    where = f"{spec.distribution} {rec.installed}" if rec.installed else spec.distribution
+    rec.status = "failed"
+    rec.reason = (
+        f"{problem} (with {where}); this process runs without this patch. "
+        f"Upgrade npu-compat, or set {_env.DISABLE}={spec.id} to stand it down knowingly"
+    )
+    message = f"npu_compat: patch {spec.id} failed: {rec.reason}"
+    _log("debug", message)
+    if state.strict:
+        from ._errors import PatchError
+
+        raise PatchError(message)
+    _warn(message)
+
+
+def _resolve(module: ModuleType, spec: PatchSpec) -> tuple[object, str, object, bool]:
+    """Return ``(owner, name, original, had_own)`` or raise AttributeError with a clear message."""
+    owner: object = module
+    path = spec.attr_path
+    for i, part in enumerate(path[:-1]):
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            raise AttributeError(
+                f"expected {spec.module}:{'.'.join(path[: i + 1])} to exist, it does not"
+            ) from None
+    name = path[-1]
+    if isinstance(owner, type):
+        had_own = name in owner.__dict__
+        # the raw class attribute keeps staticmethod/classmethod descriptors intact
+        original = owner.__dict__[name] if had_own else getattr(owner, name, _MISSING)
+    else:
+        had_own = True
+        original = getattr(owner, name, _MISSING)
+    if original is _MISSING:
+        raise AttributeError(f"expected {spec.target} to exist, it does not")
+    return owner, name, original, had_own
+
+
+def _check_expects(spec: PatchSpec, original: object) -> str | None:
+    if not spec.expects:
+        return None
+    import inspect
+
+    func = getattr(original, "__func__", original)
+    try:
+        params = inspect.signature(func).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"expected {spec.target} to be a callable with a signature, found {type(original).__name__}"
+    missing = [p for p in spec.expects if p not in params]
+    if missing:
+        return (
+            f"expected {spec.target} to accept {', '.join(spec.expects)}; "
+            f"its signature is {spec.attr_path[-1]}{inspect.signature(func)}"  # type: ignore[arg-type]
+        )
+    return None
+
+
+def _build(rec: _Record, original: object) -> object:
+    spec = rec.spec
+    if spec.replacement is not None:
+        factory = load(spec.replacement)
+        return factory(original)  # type: ignore[operator]
+    import wrapt
+
+    wrapper = load(spec.wrapper)  # type: ignore[arg-type]
+
+    def guard(wrapped, instance, args, kwargs):  # type: ignore[no-untyped-def]
+        # After deactivate() a wrapper can survive in places nobody declared
+        # (a later ``from x import f``); it then passes straight through.
+        if rec.live:
+            return wrapper(wrapped, instance, args, kwargs)  # type: ignore[operator]
+        return wrapped(*args, **kwargs)
+
+    new: object = wrapt.FunctionWrapper(original, guard)  # type: ignore[arg-type]
+    new._self_npu_compat_patch = spec.id  # type: ignore[attr-defined]
+    return new
+
+
+def _set(owner: object, name: str, value: object) -> None:
+    setattr(owner, name, value)
+
+
+def _apply(state: _State, rec: _Record, module: ModuleType) -> None:
+    if rec.status != "pending":
+        return
+    spec = rec.spec
+    rec.installed = installed_version(spec.distribution)
+    if rec.installed is None:
+        _skip(
+            state,
+            rec,
+            f"{spec.module} is imported but distribution {spec.distribution!r} has no installed "
+            f"metadata, so its version cannot be checked against {spec.versions!r}",
+            warn=True,
+        )
+        return
+    if not version_in_range(rec.installed, spec.versions):
+        siblings = [
+            r.spec.versions for r in state.records.values() if r.spec.target == spec.target and r is not rec
+        ]
+        covered = any(version_in_range(rec.installed, v) for v in siblings)
+        ranges = ", ".join(repr(v) for v in [spec.versions, *siblings])
+        _skip(
+            state,
+            rec,
+            f"{spec.distribution} {rec.installed} is outside {spec.versions!r}"
+            + ("" if covered else f"; no npu-compat patch for {spec.target} supports it ({ranges})"),
+            warn=not covered,
+        )
+        return
+    if spec.condition is not None:
+        try:
+            why_not = load(spec.condition)()  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001 - a broken condition is a failed patch, not a broken import
+            _fail(state, rec, f"its condition {spec.condition} raised {type(exc).__name__}: {exc}")
+            return
+        if why_not:
+            _skip(state, rec, str(why_not))
+            return
+    try:
+        owner, name, original, had_own = _resolve(module, spec)
+    except AttributeError as exc:
+        _fail(state, rec, f"upstream changed shape: {exc}")
+        return
+    problem = _check_expects(spec, original)
+    if problem:
+        _fail(state, rec, f"upstream changed shape: {problem}")
+        return
+    try:
+        new = _build(rec, original)
+    except Exception as exc:  # noqa: BLE001
+        _fail(state, rec, f"building the replacement raised {type(exc).__name__}: {exc}")
+        return
+    rec.original, rec.new, rec.live = original, new, True
+    rec.changes.append(_Change(owner, name, original, new, had_own))
+    state.originals[id(new)] = (new, original)
+    _set(owner, name, new)
+    rec.status = "applied"
+    rec.reason = ""
+    state.order.append(rec)
+    for copy_module, copy_name in spec.copy_places():
+        mod = sys.modules.get(copy_module)
+        if mod is not None:
+            _repoint(rec, mod, copy_name)
+    _log("debug", f"npu_compat: applied {spec.id} to {spec.target} ({spec.distribution} {rec.installed})")
+
+
+def _repoint(rec: _Record, module: ModuleType, name: str) -> None:
+    current = getattr(module, name, _MISSING)
+    if current is rec.original:
+        _set(module, name, rec.new)
+    elif current is not rec.new:
+        return  # bound to something else; not a copy of ours
+    if not any(c.owner is module and c.name == name for c in rec.changes):
+        rec.changes.append(_Change(module, name, rec.original, rec.new, True))
+
+
+def _is_initialised(module: ModuleType) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
+def _on_import(module: ModuleType) -> None:
+    """The post-import hook.  Never lets an error of ours break the user's import (unless strict)."""
+    state = _state
+    try:
+        with state.lock:
+            if not state.active:
+                return
+            name = module.__name__
+            for rec in state.by_module.get(name, ()):
+                _apply(state, rec, module)
+            for rec in state.by_copy.get(name, ()):
+                if rec.status == "applied":
+                    for copy_module, copy_name in rec.spec.copy_places():
+                        if copy_module == name:
+                            _repoint(rec, module, copy_name)
+            _maybe_log_summary(state, force=True)
+    except Exception as exc:
+        from ._errors import PatchError
+
+        if isinstance(exc, PatchError):
+            raise
+        _warn(f"npu_compat: internal error while patching {module.__name__}: {type(exc).__name__}: {exc}")
+
+
+# -- public entry points (re-exported by npu_compat) ------------------------------------
+
+
+def _disabled_ids(specs: Sequence[PatchSpec]) -> set[str]:
+    raw = os.environ.get(_env.DISABLE, "")
+    wanted = {part.strip() for part in raw.split(",") if part.strip()}
+    known = {spec.id for spec in specs}
+    if "*" in wanted:
+        return known
+    unknown = sorted(wanted - known)
+    if unknown:
+        _warn(
+            f"npu_compat: {_env.DISABLE} names unknown patch ids {', '.join(unknown)}; "
+            f"known ids: {', '.join(sorted(known)) or '(none)'}"
+        )
+    return wanted & known
+
+
+def _catalog() -> tuple[PatchSpec, ...]:
+    from ._catalog import SPECS
+
+    return SPECS
+
+
+def activate(
+    device: str | None = None, *, strict: bool | None = None, specs: Iterable[PatchSpec] | None = None
+) -> str:
+    """Activate npu-compat in this process and return the device decided.
+
+    Only on ``"npu"`` is anything registered: post-import hooks for every patch target,
+    and patches applied at once to targets already imported.  Idempotent and
+    thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions).
+    """
+    state = _state
+    with state.lock:
+        decision = decide(device)
+        if state.active:
+            assert state.decision is not None
+            if decision.device != state.decision.device:
+                _warn(
+                    f"npu_compat: already active for {state.decision.device!r}; "
+                    f"call deactivate() before activating for {decision.device!r}"
+                )
+            return state.decision.device
+        state.decision = _env.LAST = decision
+        if not decision.is_npu:
+            return decision.device
+        state.strict = strict if strict is not None else _env.is_true(os.environ.get(_env.STRICT))
+        chosen = tuple(_catalog() if specs is None else specs)
+        ids = [spec.id for spec in chosen]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate patch ids in {ids}")
+        disabled = _disabled_ids(chosen)
+        for spec in chosen:
+            rec = _Record(spec)
+            state.records[spec.id] = rec
+            if spec.id in disabled:
+                rec.status, rec.reason = "skipped", f"disabled by {_env.DISABLE}"
+                continue
+            state.by_module.setdefault(spec.module, []).append(rec)
+            for copy_module, _ in spec.copy_places():
+                state.by_copy.setdefault(copy_module, []).append(rec)
+        state.finder = PostImportFinder(_on_import, [*state.by_module, *state.by_copy])
+        state.finder.install()
+        state.active = True
+        try:
+            for name in [*state.by_module, *state.by_copy]:
+                module = sys.modules.get(name)
+                if module is not None and _is_initialised(module):
+                    _on_import(module)
+        finally:
+            _maybe_log_summary(state)
+        return "npu"
+
+
+def deactivate() -> None:
+    """Undo every change, in reverse order, and remove the hooks.  Safe to call when inactive."""
+    state = _state
+    with state.lock:
+        for rec in reversed(state.order):
+            rec.live = False
+            for change in reversed(rec.changes):
+                _restore(change)
+        if state.finder is not None:
+            state.finder.uninstall()
+        state.reset()
+        state.summary_logged = False
+        _env.LAST = None
+
+
+def _restore(change: _Change) -> None:
+    owner, name = change.owner, change.name
+    if isinstance(owner, type):
+        current = owner.__dict__.get(name, _MISSING)
+    else:
+        current = getattr(owner, name, _MISSING)
+    if current is not change.new:
+        _warn(
+            f"npu_compat: {getattr(owner, '__name__', owner)}.{name} was replaced again after "
+            "npu-compat patched it; left as it is"
+        )
+        return
+    if change.had_own:
+        setattr(owner, name, change.original)
+    else:
+        delattr(owner, name)
+
+
+def report() -> Report:
+    """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
+    state = _state
+    with state.lock:
+        out = Report()
+        if state.active:
+            assert state.decision is not None
+            out.decision = state.decision.as_dict()
+            out.extend(rec.as_dict() for rec in state.records.values())
+            return out
+        decision = state.decision or _env.LAST
+        if decision is None:
+            reason = "npu-compat is not active in this process (activate() was not called)"
+            out.decision = {"device": None, "source": "not activated", "evidence": []}
+        else:
+            reason = (
+                f"device decision is {decision.device!r} ({decision.source}): npu-compat patches nothing here"
+            )
+            out.decision = decision.as_dict()
+        for spec in _catalog():
+            rec = _Record(spec)
+            rec.status, rec.reason = "skipped", reason
+            out.append(rec.as_dict())
+        return out
+
+
+def is_patched(obj: object) -> bool:
+    """True if ``obj`` is a replacement npu-compat installed (and has not been dropped)."""
+    entry = _state.originals.get(id(obj))
+    return entry is not None and entry[0] is obj
+
+
+def get_original(obj: object) -> object:
+    """The object ``obj`` replaced, if npu-compat installed it; otherwise ``obj`` itself."""
+    entry = _state.originals.get(id(obj))
+    if entry is not None and entry[0] is obj:
+        return entry[1]
+    return obj

@@ -1,0 +1,175 @@
+"""The environment: every variable npu-compat reads or writes, named once, and the
+device decision read from them and from the host.
+
+The variables npu-compat owns all start with ``NPU_COMPAT_``.  A few variables of
+other projects are read as evidence or honoured as overrides; they are listed here
+too, so that there is one place to look.  The README documents each one.
+
+The device decision -- is this an Ascend host, and should npu-compat patch
+anything? -- is made here without importing torch or any other module, because it
+runs at the start of every interpreter (this module and the package's ``__init__``
+are all that a CUDA or CPU host ever loads).  Precedence:
+
+1. ``NPU_COMPAT=0``: off, whatever else is set;
+2. an explicit ``device=`` argument to :func:`npu_compat.activate`;
+3. ``NPU_COMPAT_DEVICE`` (unless ``auto``), then upstream Trinity's ``TRINITY_DEVICE``;
+4. auto: any Ascend evidence (``/dev/davinci*``, ``ASCEND_RT_VISIBLE_DEVICES``, the CANN
+   toolkit environment, a findable ``torch_npu``) means ``npu``; no evidence means ``cpu``
+   (not an Ascend host: do nothing -- CUDA hosts land here too).
+
+Only ``npu`` leads to any patching.
+"""
+
+import os
+import sys
+
+#: ``0`` turns npu-compat off entirely: no auto-activation, and ``activate()``
+#: does nothing.  Any other value (or unset) leaves it on.
+ENABLE = "NPU_COMPAT"
+
+#: ``npu``, ``cuda``, ``cpu`` or ``auto`` (default).  Overrides the device decision.
+DEVICE = "NPU_COMPAT_DEVICE"
+
+#: Upstream Trinity-RFT's name for the same override; honoured when
+#: ``NPU_COMPAT_DEVICE`` is unset or ``auto``.
+TRINITY_DEVICE = "TRINITY_DEVICE"
+
+#: ``1`` makes every patch failure raise :class:`npu_compat.PatchError`.
+STRICT = "NPU_COMPAT_STRICT"
+
+#: Comma-separated patch ids to leave alone, or ``*`` for all of them.
+DISABLE = "NPU_COMPAT_DISABLE"
+
+#: A directory; every activated process writes one JSON report file into it.
+REPORT_DIR = "NPU_COMPAT_REPORT_DIR"
+
+#: ``1`` switches on the simulated Ascend of :mod:`npu_compat.testing` in this
+#: process and in every child process that inherits the environment.
+SIMULATE = "NPU_COMPAT_SIMULATE"
+
+#: Number of simulated NPUs (default 2).
+SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
+
+# Evidence of an Ascend host, read by the device decision (not ours).
+ASCEND_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+#: Set by the CANN toolkit's ``set_env.sh``.
+ASCEND_TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
+
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+
+
+def is_true(value: "str | None") -> bool:
+    return value is not None and value.strip().lower() in TRUE_VALUES
+
+
+def is_false(value: "str | None") -> bool:
+    return value is not None and value.strip().lower() in FALSE_VALUES
+
+
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+VALID_DEVICES = ("npu", "cuda", "cpu", "auto")
+
+# Where the Ascend driver creates its device nodes; a module attribute so that
+# tests can point it at a temporary directory.
+DEV_DIR = "/dev"
+
+
+class Decision:
+    """The outcome of :func:`decide`: a device, where it came from, and the evidence seen."""
+
+    __slots__ = ("device", "source", "evidence")
+
+    def __init__(self, device: str, source: str, evidence: "tuple[str, ...]" = ()) -> None:
+        self.device = device
+        self.source = source
+        self.evidence = evidence
+
+    @property
+    def is_npu(self) -> bool:
+        return self.device == "npu"
+
+    def as_dict(self) -> "dict[str, object]":
+        return {"device": self.device, "source": self.source, "evidence": list(self.evidence)}
+
+    def __repr__(self) -> str:
+        return f"Decision(device={self.device!r}, source={self.source!r}, evidence={self.evidence!r})"
+
+
+def _normalise(value: str, source: str) -> str:
+    device = value.strip().lower()
+    if device not in VALID_DEVICES:
+        from ._errors import ConfigError
+
+        raise ConfigError(
+            f"{source}={value!r} is not a device npu-compat knows; use one of {', '.join(VALID_DEVICES)}"
+        )
+    return device
+
+
+def ascend_evidence(environ: "Mapping[str, str] | None" = None) -> "tuple[str, ...]":
+    """Every sign of an Ascend host, in words; empty on CUDA and plain CPU hosts."""
+    env = os.environ if environ is None else environ
+    found: list[str] = []
+    try:
+        nodes = sorted(n for n in os.listdir(DEV_DIR) if n.startswith("davinci"))
+    except OSError:
+        nodes = []
+    if nodes:
+        found.append(f"{DEV_DIR}/{nodes[0]}" + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""))
+    if env.get(ASCEND_VISIBLE_DEVICES):
+        found.append(f"{ASCEND_VISIBLE_DEVICES}={env[ASCEND_VISIBLE_DEVICES]}")
+    for name in ASCEND_TOOLKIT_VARS:
+        if env.get(name):
+            found.append(f"{name} is set (CANN toolkit environment)")
+            break
+    if _torch_npu_findable():
+        found.append("torch_npu is importable")
+    return tuple(found)
+
+
+def _torch_npu_findable() -> bool:
+    if "torch_npu" in sys.modules:
+        return True
+    # Look the name up without importing it (torch_npu's import is heavy and, without
+    # the toolkit, fails).  The path finders of this interpreter already hold a
+    # listing of every directory they searched; reading it costs no system call,
+    # which matters on the start-up path.  Directories not listed yet get one stat.
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            continue
+        listing = getattr(sys.path_importer_cache.get(entry), "_path_cache", None)
+        if listing:
+            if "torch_npu" in listing:
+                return True
+        elif os.path.isfile(os.path.join(entry or ".", "torch_npu", "__init__.py")):
+            return True
+    return False
+
+
+#: The decision of the last ``activate()`` in this process (``None`` before any).
+LAST: "Decision | None" = None
+
+
+def decide(device: str | None = None, environ: "Mapping[str, str] | None" = None) -> "Decision":
+    """Decide which device this process is for.  Raises :class:`ConfigError` on a bad value."""
+    env = os.environ if environ is None else environ
+    if is_false(env.get(ENABLE)):
+        return Decision("off", f"{ENABLE}={env[ENABLE]}")
+    if device is not None:
+        chosen = _normalise(device, "device")
+        if chosen != "auto":
+            return Decision(chosen, "activate(device=...)")
+    for name in (DEVICE, TRINITY_DEVICE):
+        raw = env.get(name)
+        if raw:
+            chosen = _normalise(raw, name)
+            if chosen != "auto":
+                return Decision(chosen, f"{name}={raw}")
+    evidence = ascend_evidence(env)
+    if evidence:
+        return Decision("npu", "auto", evidence)
+    return Decision("cpu", "auto (no Ascend evidence)")
