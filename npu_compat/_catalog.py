@@ -4,8 +4,6 @@ Listing this catalogue imports no upstream module.  Patch sets for torch, Ray,
 vLLM and Trinity-RFT are added here as they land.
 """
 
-from __future__ import annotations
-
 from ._spec import PatchSpec
 
-SPECS: tuple[PatchSpec, ...] = ()
+SPECS: "tuple[PatchSpec, ...]" = ()

@@ -10,12 +10,9 @@ On any device decision but ``npu`` nothing is registered and nothing is imported
 beyond npu-compat's own small start-up modules.
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 import sys
-import warnings
 
 from . import _env
 from ._env import Decision, decide
@@ -45,7 +42,7 @@ class _Change:
 class _Record:
     __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original")
 
-    def __init__(self, spec: PatchSpec) -> None:
+    def __init__(self, spec: "PatchSpec") -> None:
         self.spec = spec
         self.status = "pending"
         self.reason = f"waiting for {spec.module} to be imported"
@@ -55,7 +52,7 @@ class _Record:
         self.new: object = _MISSING
         self.original: object = _MISSING
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> "dict[str, object]":
         spec = self.spec
         return {
             "id": spec.id,
@@ -77,9 +74,9 @@ class _Record:
 class Report(list):  # type: ignore[type-arg]
     """``report()``'s answer: one dict per patch, plus the device decision as ``.decision``."""
 
-    decision: dict[str, object]
+    decision: "dict[str, object]"
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> "dict[str, object]":
         return {"decision": self.decision, "patches": list(self)}
 
 
@@ -116,12 +113,14 @@ def _log(level: str, message: str) -> None:
 
 
 def _warn(message: str) -> None:
+    import warnings  # not loaded at start-up in a plain venv
+
     from ._errors import NpuCompatWarning
 
     warnings.warn(message, NpuCompatWarning, stacklevel=3)
 
 
-def _summary(state: _State) -> str:
+def _summary(state: "_State") -> str:
     counts = {status: 0 for status in STATUSES}
     for rec in state.records.values():
         counts[rec.status] += 1
@@ -134,7 +133,7 @@ def _summary(state: _State) -> str:
     )
 
 
-def _maybe_log_summary(state: _State, force: bool = False) -> None:
+def _maybe_log_summary(state: "_State", force: bool = False) -> None:
     if state.summary_logged or not (force or "logging" in sys.modules):
         return
     state.summary_logged = True
@@ -144,7 +143,7 @@ def _maybe_log_summary(state: _State, force: bool = False) -> None:
 # -- versions -------------------------------------------------------------------------
 
 
-def installed_version(distribution: str) -> str | None:
+def installed_version(distribution: str) -> "str | None":
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -166,7 +165,7 @@ def version_in_range(installed: str, versions: str) -> bool:
 # -- applying -------------------------------------------------------------------------
 
 
-def _skip(state: _State, rec: _Record, reason: str, warn: bool = False) -> None:
+def _skip(state: "_State", rec: "_Record", reason: str, warn: bool = False) -> None:
     rec.status = "skipped"
     rec.reason = reason
     _log("debug", f"npu_compat: skipped {rec.spec.id}: {reason}")
@@ -174,7 +173,7 @@ def _skip(state: _State, rec: _Record, reason: str, warn: bool = False) -> None:
         _warn(f"npu_compat: skipped {rec.spec.id}: {reason}")
 
 
-def _fail(state: _State, rec: _Record, problem: str) -> None:
+def _fail(state: "_State", rec: "_Record", problem: str) -> None:
     spec = rec.spec
     where = f"{spec.distribution} {rec.installed}" if rec.installed else spec.distribution
     rec.status = "failed"
@@ -191,7 +190,7 @@ def _fail(state: _State, rec: _Record, problem: str) -> None:
     _warn(message)
 
 
-def _resolve(module: ModuleType, spec: PatchSpec) -> tuple[object, str, object, bool]:
+def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, object, bool]":
     """Return ``(owner, name, original, had_own)`` or raise AttributeError with a clear message."""
     owner: object = module
     path = spec.attr_path
@@ -215,7 +214,7 @@ def _resolve(module: ModuleType, spec: PatchSpec) -> tuple[object, str, object, 
     return owner, name, original, had_own
 
 
-def _check_expects(spec: PatchSpec, original: object) -> str | None:
+def _check_expects(spec: "PatchSpec", original: object) -> "str | None":
     if not spec.expects:
         return None
     import inspect
@@ -234,7 +233,7 @@ def _check_expects(spec: PatchSpec, original: object) -> str | None:
     return None
 
 
-def _build(rec: _Record, original: object) -> object:
+def _build(rec: "_Record", original: object) -> object:
     spec = rec.spec
     if spec.replacement is not None:
         factory = load(spec.replacement)
@@ -259,7 +258,7 @@ def _set(owner: object, name: str, value: object) -> None:
     setattr(owner, name, value)
 
 
-def _apply(state: _State, rec: _Record, module: ModuleType) -> None:
+def _apply(state: "_State", rec: "_Record", module: "ModuleType") -> None:
     if rec.status != "pending":
         return
     spec = rec.spec
@@ -324,7 +323,7 @@ def _apply(state: _State, rec: _Record, module: ModuleType) -> None:
     _log("debug", f"npu_compat: applied {spec.id} to {spec.target} ({spec.distribution} {rec.installed})")
 
 
-def _repoint(rec: _Record, module: ModuleType, name: str) -> None:
+def _repoint(rec: "_Record", module: "ModuleType", name: str) -> None:
     current = getattr(module, name, _MISSING)
     if current is rec.original:
         _set(module, name, rec.new)
@@ -334,12 +333,12 @@ def _repoint(rec: _Record, module: ModuleType, name: str) -> None:
         rec.changes.append(_Change(module, name, rec.original, rec.new, True))
 
 
-def _is_initialised(module: ModuleType) -> bool:
+def _is_initialised(module: "ModuleType") -> bool:
     spec = getattr(module, "__spec__", None)
     return not getattr(spec, "_initializing", False)
 
 
-def _on_import(module: ModuleType) -> None:
+def _on_import(module: "ModuleType") -> None:
     """The post-import hook.  Never lets an error of ours break the user's import (unless strict)."""
     state = _state
     try:
@@ -366,7 +365,7 @@ def _on_import(module: ModuleType) -> None:
 # -- public entry points (re-exported by npu_compat) ------------------------------------
 
 
-def _disabled_ids(specs: Sequence[PatchSpec]) -> set[str]:
+def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
     raw = os.environ.get(_env.DISABLE, "")
     wanted = {part.strip() for part in raw.split(",") if part.strip()}
     known = {spec.id for spec in specs}
@@ -381,14 +380,14 @@ def _disabled_ids(specs: Sequence[PatchSpec]) -> set[str]:
     return wanted & known
 
 
-def _catalog() -> tuple[PatchSpec, ...]:
+def _catalog() -> "tuple[PatchSpec, ...]":
     from ._catalog import SPECS
 
     return SPECS
 
 
 def activate(
-    device: str | None = None, *, strict: bool | None = None, specs: Iterable[PatchSpec] | None = None
+    device: "str | None" = None, *, strict: "bool | None" = None, specs: "Iterable[PatchSpec] | None" = None
 ) -> str:
     """Activate npu-compat in this process and return the device decided.
 
@@ -453,7 +452,7 @@ def deactivate() -> None:
         _env.LAST = None
 
 
-def _restore(change: _Change) -> None:
+def _restore(change: "_Change") -> None:
     owner, name = change.owner, change.name
     if isinstance(owner, type):
         current = owner.__dict__.get(name, _MISSING)
@@ -471,7 +470,7 @@ def _restore(change: _Change) -> None:
         delattr(owner, name)
 
 
-def report() -> Report:
+def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
     state = _state
     with state.lock:

@@ -9,8 +9,6 @@ module runs, so nothing downstream (``importlib.resources``, pickling by referen
 with removal, which wrapt does not offer.
 """
 
-from __future__ import annotations
-
 import sys
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
@@ -23,18 +21,18 @@ if TYPE_CHECKING:
 class _HookLoader:
     """Delegates to the real loader and calls ``fire(module)`` after ``exec_module``."""
 
-    def __init__(self, loader: object, fire: Callable[[ModuleType], None]) -> None:
+    def __init__(self, loader: object, fire: "Callable[[ModuleType], None]") -> None:
         self._npu_compat_loader = loader
         self._npu_compat_fire = fire
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._npu_compat_loader, name)
 
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         create = getattr(self._npu_compat_loader, "create_module", None)
         return None if create is None else create(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         loader = self._npu_compat_loader
         module.__loader__ = loader  # type: ignore[assignment]
         if module.__spec__ is not None:
@@ -46,17 +44,17 @@ class _HookLoader:
 class PostImportFinder:
     """The meta-path finder; one per activation, removed again by :meth:`uninstall`."""
 
-    def __init__(self, fire: Callable[[ModuleType], None], names: Iterable[str]) -> None:
+    def __init__(self, fire: "Callable[[ModuleType], None]", names: "Iterable[str]") -> None:
         self._fire = fire
         self._names = frozenset(names)
 
     @property
-    def names(self) -> frozenset[str]:
+    def names(self) -> "frozenset[str]":
         return self._names
 
     def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
         if fullname not in self._names:
             return None
         spec: ModuleSpec | None = None

@@ -6,8 +6,6 @@ until the target module itself is imported.  The built-in specs live in
 :mod:`npu_compat._catalog`.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -57,11 +55,11 @@ class PatchSpec:
         why: str,
         upstream_fix: str = "",
         remove_when: str = "",
-        wrapper: str | None = None,
-        replacement: str | None = None,
-        condition: str | None = None,
-        copies: Iterable[str] = (),
-        expects: Iterable[str] = (),
+        wrapper: "str | None" = None,
+        replacement: "str | None" = None,
+        condition: "str | None" = None,
+        copies: "Iterable[str]" = (),
+        expects: "Iterable[str]" = (),
     ) -> None:
         if (wrapper is None) == (replacement is None):
             raise ValueError(f"patch {id}: give exactly one of wrapper= and replacement=")
@@ -85,10 +83,10 @@ class PatchSpec:
         return self.target.partition(":")[0]
 
     @property
-    def attr_path(self) -> tuple[str, ...]:
+    def attr_path(self) -> "tuple[str, ...]":
         return tuple(self.target.partition(":")[2].split("."))
 
-    def copy_places(self) -> tuple[tuple[str, str], ...]:
+    def copy_places(self) -> "tuple[tuple[str, str], ...]":
         """``(module, name)`` for every declared copy; a copy without ``:name`` keeps the target's name."""
         places = []
         for copy in self.copies:
@@ -96,7 +94,7 @@ class PatchSpec:
             places.append((module, name or self.attr_path[-1]))
         return tuple(places)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> "dict[str, object]":
         return {
             "id": self.id,
             "target": self.target,
