@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["npu_compat.testing.pytest_plugin"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Variables that would change a child's device decision; cleared for every child.

@@ -1,0 +1,182 @@
+"""The simulated Ascend itself: what upstream code will see, in this process and in children."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import SIM_SITE, simulation_env
+from tests.conftest import REPO, last_json, run_py
+
+pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
+
+
+def sim(devices: int = 2, **extra: str) -> dict[str, str]:
+    env = simulation_env(devices, {})
+    env.update(extra)
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+
+
+def sim_child(code: str, devices: int = 2, **kw: Any) -> Any:
+    return last_json(run_py(code, env=sim(devices), pythonpath=[str(SIM_SITE)], **kw))
+
+
+def test_torch_sees_an_ascend_host_and_cuda_stays_false() -> None:
+    out = sim_child(
+        """
+        import json, importlib.metadata as md
+        import torch            # auto-loads torch_npu through the torch.backends entry point, as on a real host
+        import torch_npu
+        d = torch.device("npu:1")
+        torch.npu.set_device(1)
+        torch.npu.synchronize(); torch.npu.empty_cache()
+        print(json.dumps({
+            "available": torch.npu.is_available(), "count": torch.npu.device_count(),
+            "device": [d.type, d.index], "current": torch.npu.current_device(),
+            "cuda": torch.cuda.is_available(), "simulated": torch_npu.SIMULATED,
+            "version": md.version("torch_npu"), "capability": torch.npu.get_device_capability(),
+            "props": torch.npu.get_device_properties(0).total_memory, "mem": torch.npu.mem_get_info(),
+            "calls": [c[0] for c in torch.npu.calls],
+            "stream": type(torch.npu.current_stream()).__name__,
+        }))
+        """
+    )
+    assert out["available"] and out["count"] == 2 and out["current"] == 1
+    assert out["device"] == ["npu", 1]
+    assert out["cuda"] is False
+    assert out["simulated"] and out["version"] == "2.13.0+sim"
+    assert out["capability"] is None  # what torch_npu answers
+    assert out["props"] == 64 << 30 and out["mem"][1] == 64 << 30
+    assert {"set_device", "synchronize", "empty_cache"} <= set(out["calls"])
+    assert out["stream"] == "Stream"
+
+
+def test_npu_compat_decides_npu_under_the_simulation() -> None:
+    out = sim_child(
+        """
+        import json, npu_compat
+        print(json.dumps({"device": npu_compat.activate(), "evidence": npu_compat.report().decision["evidence"]}))
+        """
+    )
+    assert out["device"] == "npu"
+    assert "ASCEND_RT_VISIBLE_DEVICES=0,1" in out["evidence"]
+    assert "torch_npu is importable" in out["evidence"]
+
+
+SPAWN_SCRIPT = """
+import json, multiprocessing as mp, subprocess, sys
+
+
+def probe(q):
+    import torch
+    q.put([torch.npu.is_available(), torch.npu.device_count(), torch.cuda.is_available()])
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=probe, args=(q,))
+    p.start()
+    spawned = q.get(timeout=120)
+    p.join(30)
+    code = "import torch, json; print(json.dumps([torch.npu.is_available(), torch.npu.device_count()]))"
+    sub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    print(json.dumps({"spawned": spawned, "sub": json.loads(sub.stdout)}))
+"""
+
+
+def test_spawned_and_subprocess_children_see_the_same_ascend(tmp_path: Path) -> None:
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWN_SCRIPT)
+    out = sim_child(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", devices=4, timeout=240
+    )
+    assert out == {"spawned": [True, 4, False], "sub": [True, 4]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+COLLECTIVES = """
+import json, os, sys, datetime
+import torch, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group(BACKEND, init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+t = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
+dist.all_reduce(t)
+b = torch.arange(4, dtype=torch.float32) if rank == 0 else torch.zeros(4)
+dist.broadcast(b, src=0)
+parts = [torch.zeros(2) for _ in range(2)]
+dist.all_gather(parts, torch.full((2,), float(rank)))
+print(json.dumps({"backend": str(dist.get_backend()), "sum": t.tolist(), "bcast": b.tolist(),
+                  "gather": [p.tolist() for p in parts]}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("backend", ["hccl", "cpu:gloo,npu:hccl"])
+def test_hccl_runs_real_collectives_across_two_processes(backend: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    port = str(_free_port())
+    script = f"BACKEND = {backend!r}\n" + COLLECTIVES
+    env = clean_env(sim(), [str(SIM_SITE)])
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(rank), port], env=env, cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)
+    ]  # fmt: skip
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    for out in outs:
+        assert out["backend"] == backend
+        assert out["sum"] == [3.0, 30.0]
+        assert out["bcast"] == [0.0, 1.0, 2.0, 3.0]
+        assert out["gather"] == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_ray_cluster_advertises_npus_only(npu_ray_cluster: Any) -> None:
+    out = last_json(
+        run_py(
+            f"""
+            import json, ray
+            ray.init(address={npu_ray_cluster.address!r}, log_to_driver=False)
+
+            @ray.remote(resources={{"NPU": 1}})
+            class Probe:
+                def look(self):
+                    import os, torch
+                    return [os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), torch.npu.is_available(),
+                            torch.cuda.is_available()]
+
+            probe = Probe.remote()
+            seen = ray.get(probe.look.remote(), timeout=90)
+
+            @ray.remote(num_gpus=1)
+            def wants_gpu():
+                return 1
+
+            ready, _ = ray.wait([wants_gpu.remote()], timeout=3)
+            print(json.dumps({{"resources": ray.cluster_resources(), "seen": seen, "gpu_ready": bool(ready)}}))
+            """,
+            env=sim(),
+            timeout=180,
+        )
+    )
+    assert out["resources"]["NPU"] == 2.0 and "GPU" not in out["resources"]
+    assert out["seen"][0] in {"0", "1"} and out["seen"][1] is True and out["seen"][2] is False
+    assert out["gpu_ready"] is False  # a GPU request on an NPU-only cluster never becomes ready
