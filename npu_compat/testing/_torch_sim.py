@@ -26,6 +26,9 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
+from ._boundary import SimulatedComputeBoundary, needs_npu
+
+__all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "install", "npu"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +50,17 @@ def _record(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return recorded  # type: ignore[return-value]
+
+
+def compute_boundary(what: str) -> Callable[..., Any]:
+    """A stand-in for a torch_npu kernel: importable, and the compute boundary when called."""
+
+    def boundary(*args: Any, **kwargs: Any) -> Any:
+        raise needs_npu(what)
+
+    boundary.__name__ = what.rsplit(".", 1)[-1]
+    boundary.__qualname__ = what
+    return boundary
 
 
 def call_count(name: str) -> int:
@@ -267,6 +281,37 @@ def _create_hccl(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
     return ProcessGroupGloo(store, rank, world_size, timeout)
 
 
+def _accelerator_bindings() -> dict[str, Callable[..., Any]]:
+    """Stand-ins for the C++ half of ``torch.accelerator`` that torch_npu's core provides.
+
+    ``torch.accelerator.*`` calls ``torch._C._accelerator_*`` at call time; without a
+    PrivateUse1 device guard those raise "PyTorch is not linked with support for npu
+    devices".  These answer from the simulated ``torch.npu`` instead.
+    """
+
+    def exchange(index: int) -> int:
+        previous = _index()
+        if index >= 0:
+            _current.index = index
+        return previous
+
+    return {
+        # torch.distributed asks this for the accelerator (barrier, default devices); the
+        # C++ version needs torch_npu's PrivateUse1 hooks, which cannot exist here.
+        "_get_accelerator": lambda check=False: torch.device("npu"),
+        "_accelerator_getDeviceIndex": lambda: npu.current_device(),
+        "_accelerator_setDeviceIndex": lambda index: npu.set_device(index) if index >= 0 else None,
+        "_accelerator_exchangeDevice": exchange,
+        "_accelerator_maybeExchangeDevice": exchange,
+        "_accelerator_getStream": lambda index: npu.current_stream(index),
+        "_accelerator_setStream": lambda stream: None,
+        "_accelerator_synchronizeDevice": lambda index: npu.synchronize(index),
+        "_accelerator_isAllocatorInitialized": lambda: True,
+        "_accelerator_emptyCache": lambda: npu.empty_cache(),
+        "_accelerator_getMemoryInfo": lambda index: npu.mem_get_info(index),
+    }
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     if getattr(sys.modules.get("torch.npu"), "SIMULATED", False):
@@ -274,6 +319,8 @@ def install() -> None:
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     torch._register_device_module("npu", npu)
+    for name, binding in _accelerator_bindings().items():
+        setattr(torch._C, name, binding)
     with contextlib.suppress(RuntimeError):  # methods already generated
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     import torch.distributed as dist

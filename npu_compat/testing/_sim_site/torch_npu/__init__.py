@@ -19,6 +19,16 @@ def _autoload() -> None:
 
 _autoload()
 
-from npu_compat.testing._torch_sim import npu  # noqa: E402  (``torch_npu.npu`` as in the real package)
+from . import npu, optim, profiler  # noqa: E402  (the real package's submodules)
 
-__all__ = ["SIMULATED", "__version__", "npu"]
+__all__ = ["SIMULATED", "__version__", "npu", "optim", "profiler"]
+
+
+def __getattr__(name: str) -> object:
+    """``torch_npu.npu_*`` fused kernels: importable (transformers and vLLM import them when
+    torch_npu is present), but calling one is the compute boundary of the simulation."""
+    if name.startswith("npu_"):
+        from npu_compat.testing._torch_sim import compute_boundary
+
+        return compute_boundary(f"torch_npu.{name}")
+    raise AttributeError(f"module 'torch_npu' (simulated) has no attribute {name!r}")

@@ -1,0 +1,426 @@
+"""Probes: each drives one piece of real upstream code the way a user's run reaches it.
+
+A probe asserts what a user on an Ascend host needs (a placement group that becomes
+ready, a process group that answers a collective, a worker class built on
+vllm-ascend's NPUWorker, a method that gets past its device calls) and raises when that
+does not happen.  Waits on Ray are bounded: what never becomes ready is reported as
+``pending``.
+
+Run in a fresh interpreter on a simulated Ascend host::
+
+    python -m tests.catalogue.probes [--activate] ROW [ROW ...]
+
+prints one JSON object ``{row: {"status": "ok"|"error"|"pending", "error": ..., "detail": ...}}``.
+Rows that need Ray read the cluster address from ``RAY_ADDRESS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+import types
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+PENDING_AFTER_S = float(os.environ.get("PROBE_PENDING_AFTER_S", "8"))
+SCHEDULE_TIMEOUT_S = 120.0  # an actor that *is* schedulable still has to import vLLM
+
+
+class Pending(Exception):
+    """A Ray request that did not become ready within the bound."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ray() -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address=os.environ["RAY_ADDRESS"], namespace=f"probe-{uuid.uuid4().hex[:8]}", log_to_driver=False
+        )
+    return ray
+
+
+def _in_thread(fn: Callable[[], Any], timeout: float) -> Any:
+    """Run a call that may block forever (``ray.get(pg.ready())``); Pending if it does."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise Pending(f"still blocked after {timeout:.0f}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _pg_state(pg: Any) -> dict[str, Any]:
+    from ray.util.placement_group import placement_group_table
+
+    table = placement_group_table(pg)
+    return {"state": table["state"], "bundles": [dict(sorted(b.items())) for b in table["bundles"].values()]}
+
+
+def _actor_resources(actor: Any, timeout: float) -> dict[str, Any]:
+    ray = _ray()
+
+    def look(self: Any) -> dict[str, Any]:
+        import os
+
+        import ray
+
+        return {
+            "assigned": ray.get_runtime_context().get_assigned_resources(),
+            "ASCEND_RT_VISIBLE_DEVICES": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+        }
+
+    ref = actor.__ray_call__.remote(look)
+    ready, _ = ray.wait([ref], timeout=timeout)
+    if not ready:
+        raise Pending(f"actor not scheduled after {timeout:.0f}s")
+    return dict(ray.get(ref))
+
+
+# -- trinity-rft 0.6.0 -------------------------------------------------------------------------
+
+
+def _explorer_config() -> Any:
+    from trinity.common.config import ExplorerConfig
+
+    cfg = ExplorerConfig()
+    cfg.name = f"probe_{uuid.uuid4().hex[:6]}"
+    model = cfg.rollout_model
+    model.engine_num, model.gpu_per_engine, model.nnodes, model.tensor_parallel_size = 1, 1, 1, 1
+    model.ray_namespace = "probe"
+    return cfg
+
+
+def probe_A5() -> dict[str, Any]:
+    """Allocator.create_all_models: its placement group must become ready on an NPU-only cluster."""
+    _ray()
+    from trinity.common.models.allocator import Allocator
+
+    allocator = Allocator(_explorer_config())
+
+    async def create() -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(allocator.create_all_models(), PENDING_AFTER_S)
+
+    asyncio.run(create())
+    state = _pg_state(allocator.pg)
+    if state["state"] != "CREATED":
+        raise Pending(
+            f"placement group {state['state']} after {PENDING_AFTER_S:.0f}s, bundles {state['bundles']}"
+        )
+    return state
+
+
+def probe_A6() -> dict[str, Any]:
+    """get_model_wrapper: the rollout actor must be scheduled into an NPU bundle."""
+    ray = _ray()
+    from ray.util.placement_group import placement_group
+    from trinity.common.models.allocator import get_model_wrapper
+    from trinity.common.models.vllm_model import vLLMRolloutModel
+
+    cfg = _explorer_config().rollout_model
+    pg = placement_group([{"NPU": 1.0, "CPU": 1.0}], strategy="PACK")  # what an NPU-aware A5 yields
+    ray.get(pg.ready(), timeout=60)
+    name = f"probe_rollout_{uuid.uuid4().hex[:6]}"
+
+    async def create() -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(get_model_wrapper(vLLMRolloutModel, cfg, pg, [(name, 0)]), 1)
+
+    asyncio.run(create())
+    actor = ray.get_actor(name, namespace=cfg.ray_namespace)
+    try:
+        return _actor_resources(actor, SCHEDULE_TIMEOUT_S if _activated() else PENDING_AFTER_S)
+    finally:
+        ray.kill(actor)
+
+
+def probe_A12() -> dict[str, Any]:
+    """The worker_cls Trinity hands vLLM must be a worker for the NPU (vllm-ascend's NPUWorker)."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    cls = resolve_obj_by_qualname("trinity.common.models.vllm_worker.TrinityGPUWorker")
+    mro = [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
+    if "vllm_ascend.worker.worker.NPUWorker" not in mro:
+        raise AssertionError(f"GPU worker class chosen on an NPU host: {mro[:3]}")
+    return {"mro": mro[:3], "has_apply_patches": hasattr(cls, "apply_patches")}
+
+
+def probe_A16() -> dict[str, Any]:
+    """trinity.utils.distributed.init_process_group(backend="nccl") must give a working group."""
+    import torch
+    import torch.distributed as dist
+    from trinity.utils.distributed import init_process_group
+
+    group = init_process_group(
+        host="127.0.0.1", port=_free_port(), group_name="probe", backend="nccl", world_size=1, rank=0
+    )
+    t = torch.ones(3)
+    dist.all_reduce(t, group=group)
+    return {"backend": str(dist.get_backend(group)), "sum": t.tolist()}
+
+
+def probe_A17() -> dict[str, Any]:
+    """The trainer side of collective weight sync: create the engine and send one tensor."""
+    import torch
+    from trinity.utils.distributed import WeightTransferEngine
+
+    engine = WeightTransferEngine.create("vllm", "127.0.0.1", _free_port(), 1, "probe")
+    engine.sync_weight(iter([("w", torch.arange(4.0))]))
+    engine.teardown()
+    return {"group": type(engine._model_update_group).__name__}
+
+
+def _stub(**attrs: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**attrs)
+
+
+def probe_A22() -> dict[str, Any]:
+    """TrinityActorRolloutRefWorker.sync_weight_nccl on trainer rank 0 must get past its device sync."""
+    import torch.distributed as dist
+    from trinity.trainer.verl.workers import TrinityActorRolloutRefWorker
+
+    _single_rank_group()
+    sent: list[str] = []
+    worker = _stub(
+        actor=_stub(engine=_stub(get_per_tensor_param=lambda: (iter([]), None))),
+        _rank0_iterator_wrapper=lambda it: it,
+        logger=_stub(info=lambda *a, **k: None),
+        weight_transfer_engine=_stub(sync_weight=lambda iterator: sent.append("sent")),
+    )
+    TrinityActorRolloutRefWorker.sync_weight_nccl(worker)
+    return {"sent": sent, "rank": dist.get_rank()}
+
+
+def _single_rank_group() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+
+
+def _tiny_hf_config() -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+
+
+def probe_A24() -> dict[str, Any]:
+    """Trinity's FSDP engine _build_module must build the model (FSDP2 meta-init on ranks > 0)."""
+    from trinity.trainer.verl.monkey_patch import _build_module
+
+    engine = _stub(
+        engine_config=_stub(model_dtype="fp32", forward_only=False, strategy="fsdp2"),
+        rank=1,
+        device_mesh=None,
+        model_config=_stub(
+            model_type="language_model", hf_config=_tiny_hf_config(), trust_remote_code=False,
+            local_path="", use_liger=False, fused_kernel_options=None, use_fused_kernels=False,
+            enable_gradient_checkpointing=False,
+        ),
+        use_remove_padding=False,
+        ulysses_sequence_parallel_size=1,
+    )  # fmt: skip
+    module = _build_module(engine)
+    return {"module": type(module).__name__, "param_device": str(next(module.parameters()).device)}
+
+
+# -- trinity-rft 0.6.0 on verl < 0.8 (trinity.trainer.verl_legacy) -------------------------------
+
+
+def probe_A28() -> dict[str, Any]:
+    """The legacy trainer's default device must give verl NPU placement groups that become ready."""
+    _ray()
+    from trinity.trainer.verl_legacy.verl_config import veRLConfig
+    from verl.single_controller.ray.base import RayResourcePool
+
+    device = veRLConfig().trainer.device
+    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1)
+    pgs = _in_thread(lambda: pool.get_placement_groups(device_name=device), PENDING_AFTER_S)
+    return {"device": device, **_pg_state(pgs[0])}
+
+
+def probe_A30() -> dict[str, Any]:
+    """Legacy ActorRolloutRefWorker.sync_weight on trainer rank 0 must get past its device sync."""
+    from trinity.trainer.verl_legacy import fsdp_workers
+
+    _single_rank_group()
+    sent: list[str] = []
+    worker = _stub(
+        _fsdp_offload_context=contextlib.nullcontext,
+        actor_module_fsdp=None,
+        named_modules=[],
+        config=_stub(actor=_stub(strategy="fsdp2")),
+        weight_transfer_engine=_stub(sync_weight=lambda iterator: sent.append("sent")),
+        logger=_stub(info=lambda *a, **k: None),
+    )
+    original = fsdp_workers.iter_fsdp_per_tensor_param
+    fsdp_workers.iter_fsdp_per_tensor_param = lambda **kw: iter([])  # no model to walk: harness, not upstream
+    try:
+        fsdp_workers.ActorRolloutRefWorker.sync_weight(worker)
+    finally:
+        fsdp_workers.iter_fsdp_per_tensor_param = original
+    return {"sent": sent}
+
+
+# -- trinity-rft 0.5.2 ---------------------------------------------------------------------------
+
+
+def probe_r6() -> dict[str, Any]:
+    """_BundleAllocator: its placement group must become ready on an NPU-only cluster."""
+    _ray()
+    from trinity.common.models import _BundleAllocator
+
+    allocator = _in_thread(lambda: _BundleAllocator(num_gpus=1), PENDING_AFTER_S)
+    return {"node_bundles": allocator.node_bundle_list, **_pg_state(allocator.pg)}
+
+
+def probe_r7() -> dict[str, Any]:
+    """create_vllm_inference_models: the TP=1 rollout actor must be scheduled into an NPU bundle."""
+    ray = _ray()
+    from ray.util.placement_group import placement_group
+    from trinity.common.config import InferenceModelConfig
+    from trinity.common.models import create_vllm_inference_models
+
+    pg = placement_group([{"NPU": 1.0}], strategy="PACK")  # what an NPU-aware row 6 yields
+    ray.get(pg.ready(), timeout=60)
+    allocator = types.SimpleNamespace(pg=pg, allocate=lambda n: [0])
+    cfg = InferenceModelConfig(engine_num=1, tensor_parallel_size=1)
+    cfg.ray_namespace = ray.get_runtime_context().namespace
+    (actor,) = create_vllm_inference_models(cfg, allocator, f"probe_rollout_{uuid.uuid4().hex[:6]}")
+    try:
+        return _actor_resources(actor, SCHEDULE_TIMEOUT_S if _activated() else PENDING_AFTER_S)
+    finally:
+        ray.kill(actor)
+
+
+def probe_r15() -> dict[str, Any]:
+    """trinity.utils.distributed.init_process_group(backend="nccl") must give a working group."""
+    import torch
+    import torch.distributed as dist
+    from trinity.utils.distributed import init_process_group
+
+    group = init_process_group(
+        host="127.0.0.1", port=_free_port(), group_name="probe", backend="nccl", world_size=1, rank=0
+    )
+    t = torch.ones(3)
+    dist.all_reduce(t, group=group)
+    return {"backend": str(dist.get_backend(group)), "sum": t.tolist()}
+
+
+def probe_r13() -> dict[str, Any]:
+    """WorkerExtension.init_process_group (the rollout side, name-imported init_process_group)."""
+    import torch
+    from trinity.common.models.vllm_worker import WorkerExtension
+
+    _single_rank_group()
+    worker = _stub(device=torch.device("npu:0"))
+    WorkerExtension.init_process_group(
+        worker, "127.0.0.1", _free_port(), 0, 1, "probe_group", timeout=60, explorer_name="probe"
+    )
+    return {"group": type(worker._model_update_group).__name__}
+
+
+def probe_r16() -> dict[str, Any]:
+    """The trainer's default device must give verl NPU placement groups that become ready."""
+    _ray()
+    from trinity.trainer.verl.verl_config import veRLConfig
+    from verl.single_controller.ray.base import RayResourcePool
+
+    device = veRLConfig().trainer.device
+    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=3)
+    pgs = _in_thread(lambda: pool.get_placement_groups(device_name=device), PENDING_AFTER_S)
+    return {"device": device, **_pg_state(pgs[0])}
+
+
+def probe_r25() -> dict[str, Any]:
+    """ActorRolloutRefWorker.sync_weight on trainer rank 0 must get past its device sync."""
+    import torch.distributed as dist
+    from trinity.trainer.verl.fsdp_workers import ActorRolloutRefWorker
+
+    _single_rank_group()
+    worker = _stub(
+        _fsdp_offload_context=contextlib.nullcontext,
+        config=_stub(actor=_stub(strategy="fsdp2")),
+        actor_module_fsdp=_stub(named_parameters=lambda: iter([])),
+        _model_update_group=dist.group.WORLD,
+    )
+    ActorRolloutRefWorker.sync_weight(worker)
+    return {"rank": dist.get_rank()}
+
+
+# -- runner --------------------------------------------------------------------------------------
+
+
+def _row_id(function_name: str) -> str:
+    """``probe_A5`` -> ``A5`` (0.6.0 rows); ``probe_r6`` -> ``6`` (0.5.2 rows are bare numbers)."""
+    name = function_name.removeprefix("probe_")
+    return name[1:] if name.startswith("r") else name
+
+
+PROBES: dict[str, Callable[[], dict[str, Any]]] = {
+    _row_id(name): fn for name, fn in dict(globals()).items() if name.startswith("probe_") and callable(fn)
+}
+_ACTIVATED = False
+
+
+def _activated() -> bool:
+    return _ACTIVATED
+
+
+def run(rows: list[str], activate: bool) -> dict[str, dict[str, Any]]:
+    global _ACTIVATED
+    if activate:
+        import npu_compat
+
+        _ACTIVATED = npu_compat.activate() == "npu"
+    results: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        try:
+            results[row] = {"status": "ok", "error": None, "detail": PROBES[row]()}
+        except Pending as exc:
+            results[row] = {"status": "pending", "error": str(exc), "detail": None}
+        except BaseException as exc:  # noqa: BLE001 - every failure is an outcome
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno}" for f in tb[-3:]]
+            results[row] = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "detail": where}
+    return results
+
+
+def main(argv: list[str]) -> None:
+    activate = "--activate" in argv
+    rows = [a for a in argv if not a.startswith("--")]
+    results = run(rows, activate)
+    sys.stdout.write("\nPROBE-RESULTS " + json.dumps(results, default=str) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # threads blocked forever on Ray (the HANG rows) must not keep the process alive
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,84 @@
+"""The break catalogue as data: map row -> the probe that drives it -> what a user hits.
+
+``green`` is the issue whose patches turn the row's "green with npu-compat" twin on;
+until it lands the twin is a strict expected failure, so progress is counted by the
+suite itself.  ``python -m tests.catalogue`` prints this table with each row's status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str  # the row id in shared/UPSTREAM_MAP.md
+    trinity: str  # "0.6.0" or "0.5.2"
+    trainer: str  # "any", "verl>=0.8" (trinity.trainer.verl) or "verl<0.8" (trinity.trainer.verl_legacy)
+    severity: str
+    where: str
+    red: str  # "pending", or the start of the error a user sees
+    green_issue: int  # the issue whose patches make the twin pass
+    fixed: bool = False  # True once the patch has landed: the twin must pass
+
+    @property
+    def probe(self) -> str:
+        return self.id
+
+
+ROWS: tuple[Row, ...] = (
+    # trinity-rft 0.6.0 (stacks a and b)
+    Row("A5", "0.6.0", "any", "HANG", "trinity.common.models.allocator:Allocator.create_all_models", "pending", 5),
+    Row("A6", "0.6.0", "any", "HANG", "trinity.common.models.allocator:get_model_wrapper",
+        "ValueError: Cannot schedule vLLMRolloutModel", 5),
+    Row("A12", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_worker:TrinityGPUWorker",
+        "AssertionError: GPU worker class chosen on an NPU host", 6),
+    Row("A16", "0.6.0", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5),
+    Row("A17", "0.6.0", "any", "CRASH", "trinity.utils.distributed:VLLMWeightTransferEngine",
+        "RuntimeError: torch.cuda.Stream requires CUDA support", 6),
+    Row("A22", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.sync_weight_nccl",
+        "AssertionError: Torch not compiled with CUDA enabled", 6),
+    Row("A24", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.monkey_patch:_build_module",
+        "AssertionError: Torch not compiled with CUDA enabled", 6),
+    Row("A28", "0.6.0", "verl<0.8", "HANG", "trinity.trainer.verl_legacy.verl_config:Trainer.device", "pending", 6),
+    Row("A30", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker.sync_weight",
+        "AssertionError: Torch not compiled with CUDA enabled", 6),
+    # trinity-rft 0.5.2 (stack c)
+    Row("6", "0.5.2", "any", "HANG", "trinity.common.models:_BundleAllocator.__init__", "pending", 5),
+    Row("7", "0.5.2", "any", "HANG", "trinity.common.models:create_vllm_inference_models",
+        "ValueError: Cannot schedule vLLMRolloutModel", 5),
+    Row("13", "0.5.2", "any", "CRASH", "trinity.common.models.vllm_worker:WorkerExtension.init_process_group",
+        "AssertionError", 7),
+    Row("15", "0.5.2", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5),
+    Row("16", "0.5.2", "any", "HANG", "trinity.trainer.verl.verl_config:Trainer.device", "pending", 7),
+    Row("25", "0.5.2", "any", "CRASH", "trinity.trainer.verl.fsdp_workers:ActorRolloutRefWorker.sync_weight",
+        "AssertionError: Torch not compiled with CUDA enabled", 7),
+)  # fmt: skip
+
+#: HANG/CRASH rows of the map that no probe drives yet, and why.
+NOT_YET_DRIVEN: dict[str, str] = {
+    "A8": "vLLM-side engine selection; needs the two-process weight-sync scenario (issue 6)",
+    "A13": "rollout-side group of CheckpointWeightTransferEngine; two-process weight-sync scenario (issue 6)",
+    "A14": "cuda tensors/streams in checkpoint transfer; two-process weight-sync scenario (issue 6)",
+    "A20": "VERLTrainer.__init__ needs a model on disk; driven by the end-to-end scenario (issue 8)",
+    "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
+    "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",
+    "A29": "legacy _build_model_optimizer needs a full verl worker config",
+    "14": "rollout-side update_weight needs a loaded vLLM model runner",
+    "23": "trainer-side setup_weight_sync_group needs the Synchronizer actor and a two-process group (issue 7)",
+}
+
+
+def applicable(trinity: str, verl: str) -> list[Row]:
+    """The rows that apply to an installed trinity-rft / verl pair."""
+    from packaging.version import Version
+
+    legacy = Version(verl) < Version("0.8")
+    out = []
+    for row in ROWS:
+        if row.trinity != trinity:
+            continue
+        if (row.trainer == "verl>=0.8" and legacy) or (row.trainer == "verl<0.8" and not legacy):
+            continue
+        out.append(row)
+    return out

@@ -1,0 +1,89 @@
+"""The break catalogue: real upstream code under the simulated Ascend, without and with npu-compat.
+
+For each HANG/CRASH row of the map that applies to the installed stack:
+
+* ``test_red``   -- stock upstream fails the way a user would see it (an assert, "Torch
+  not compiled with CUDA enabled", a placement group still pending after a bounded wait);
+* ``test_green`` -- its twin: the same probe with npu-compat active must succeed.  A strict
+  expected failure until the issue that patches the row lands;
+* ``test_cuda_decision_changes_nothing`` -- with npu-compat activated on a CUDA decision the
+  outcome is exactly the stock one.
+
+Each mode runs every probe of the stack in one fresh interpreter (see ``probes.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import SIM_SITE, simulation_env
+from tests.catalogue.rows import Row, applicable
+from tests.conftest import REPO, clean_env
+
+try:
+    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
+except md.PackageNotFoundError:
+    pytest.skip(
+        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
+    )
+
+ROWS = applicable(TRINITY, VERL)
+MODES = {
+    "stock": ([], {}),
+    "npu-compat": (["--activate"], {}),
+    "cuda": (["--activate"], {"NPU_COMPAT_DEVICE": "cuda"}),
+}
+
+
+@pytest.fixture(scope="session")
+def outcomes(npu_ray_cluster: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for mode, (args, extra) in MODES.items():
+        env = clean_env(simulation_env(2, {}), [str(SIM_SITE)])
+        env.update(extra, RAY_ADDRESS=npu_ray_cluster.address)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.catalogue.probes", *args, *(r.probe for r in ROWS)],
+            env=env, cwd=str(REPO), capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULTS ")]
+        assert lines, f"probe run ({mode}) printed no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        results[mode] = json.loads(lines[-1].removeprefix("PROBE-RESULTS "))
+    return results
+
+
+def _ids(rows: list[Row]) -> list[str]:
+    return [row.id for row in rows]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_ids(ROWS))
+def test_red(row: Row, outcomes: dict[str, dict[str, dict[str, Any]]]) -> None:
+    got = outcomes["stock"][row.probe]
+    if row.red == "pending":
+        assert got["status"] == "pending", got
+    else:
+        assert got["status"] == "error" and got["error"].startswith(row.red), got
+
+
+GREEN = [
+    pytest.param(row, id=row.id, marks=() if row.fixed else pytest.mark.xfail(
+        strict=True, reason=f"its patch lands with issue {row.green_issue}"))
+    for row in ROWS
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", GREEN)
+def test_green(row: Row, outcomes: dict[str, dict[str, dict[str, Any]]]) -> None:
+    got = outcomes["npu-compat"][row.probe]
+    assert got["status"] == "ok", got
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_ids(ROWS))
+def test_cuda_decision_changes_nothing(row: Row, outcomes: dict[str, dict[str, dict[str, Any]]]) -> None:
+    stock, cuda = outcomes["stock"][row.probe], outcomes["cuda"][row.probe]
+    assert (cuda["status"], cuda["error"]) == (stock["status"], stock["error"])
