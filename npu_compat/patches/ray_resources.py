@@ -1,0 +1,118 @@
+"""Ray on Ascend: GPU requests become NPU requests; a GPU request that still gets through is named.
+
+An Ascend cluster advertises its chips as the custom resource ``"NPU"``.  A ``num_gpus=n``
+actor or task, or a ``{"GPU": n}`` placement-group bundle, can never be scheduled there
+and waits forever without a word.  The requests are rewritten -- ``num_gpus=n`` becomes
+``resources={"NPU": n}`` merged with any resources already asked for, a bundle's ``GPU``
+becomes ``NPU``, fractions kept -- at the two choke points every actor and task creation
+passes through (``ActorClass._remote``, ``RemoteFunction._remote``, where ``@ray.remote``
+defaults and ``.options()`` are already merged) and in ``placement_group``.  No fake GPU
+resource is ever advertised: that would double-book the chips.
+
+The guard (a separate patch, so it still speaks when the rewrite is disabled) logs an
+error naming the caller and the fix when a GPU request reaches Ray on a cluster without
+a single GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_GPU, _NPU = "GPU", "NPU"
+
+
+def npu_bundle(bundle: Any) -> Any:
+    """``{"GPU": n, ...}`` -> ``{"NPU": n, ...}`` (added to any NPU already there); others unchanged."""
+    if not isinstance(bundle, dict) or _GPU not in bundle:
+        return bundle
+    out = {k: v for k, v in bundle.items() if k != _GPU}
+    if bundle[_GPU]:
+        out[_NPU] = out.get(_NPU, 0) + bundle[_GPU]
+    return out
+
+
+def npu_options(options: dict[str, Any]) -> None:
+    """Rewrite actor/task options in place: ``num_gpus``, ``resources["GPU"]`` -> ``resources["NPU"]``."""
+    gpus = options.pop("num_gpus", None) or 0
+    resources = options.get("resources")
+    if isinstance(resources, dict) and _GPU in resources:
+        resources = npu_bundle(resources)
+        options["resources"] = resources
+    if gpus:
+        resources = dict(resources or {})
+        resources[_NPU] = resources.get(_NPU, 0) + gpus
+        options["resources"] = resources
+
+
+def remote_options(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # ActorClass._remote(self, args=None, kwargs=None, **actor_options) and
+    # RemoteFunction._remote(self, args=None, kwargs=None, **task_options): the options
+    # arrive as keyword arguments here, defaults and .options() already merged.
+    npu_options(kwargs)
+    return wrapped(*args, **kwargs)
+
+
+def placement_group_bundles(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    # placement_group(bundles, strategy="PACK", name="", lifetime=None, ...)
+    if "bundles" in kwargs:
+        kwargs["bundles"] = [npu_bundle(b) for b in kwargs["bundles"]]
+    elif args:
+        args = ([npu_bundle(b) for b in args[0]], *args[1:])
+    return wrapped(*args, **kwargs)
+
+
+# -- the guard --------------------------------------------------------------------------------
+
+_cluster_has_gpu: bool | None = None
+
+
+def _no_gpu_in_cluster() -> bool:
+    global _cluster_has_gpu
+    if _cluster_has_gpu is None:
+        import ray
+
+        if not ray.is_initialized():
+            return False
+        _cluster_has_gpu = bool(ray.cluster_resources().get(_GPU, 0))
+    return not _cluster_has_gpu
+
+
+def _caller() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(("ray", "npu_compat", "wrapt")):
+            return f"{name}:{frame.f_code.co_name} (line {frame.f_lineno})"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown caller"
+
+
+def _warn_gpu_request(what: str) -> None:
+    if _no_gpu_in_cluster():
+        logger.error(
+            "npu_compat: %s asks Ray for %s on a cluster with no GPU resource; it will wait forever. "
+            "Ask for resources={'NPU': n} instead, or remove ray.options / ray.placement_group from "
+            "NPU_COMPAT_DISABLE so that npu-compat rewrites the request.",
+            _caller(),
+            what,
+        )
+
+
+def guard_remote(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    resources = kwargs.get("resources") or {}
+    if kwargs.get("num_gpus") or (isinstance(resources, dict) and resources.get(_GPU)):
+        _warn_gpu_request(f"num_gpus={kwargs.get('num_gpus')} resources={resources}")
+    return wrapped(*args, **kwargs)
+
+
+def guard_placement_group(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bundles = kwargs.get("bundles", args[0] if args else [])
+    if any(isinstance(b, dict) and b.get(_GPU) for b in bundles):
+        _warn_gpu_request(f"placement-group bundles {bundles}")
+    return wrapped(*args, **kwargs)
