@@ -34,8 +34,10 @@ except md.PackageNotFoundError:
     )
 
 ROWS = applicable(TRINITY, VERL)
+# "stock" switches npu-compat off explicitly: an installed npu-compat auto-activates in every
+# interpreter (sitecustomize / .pth), and stock means upstream exactly as released.
 MODES = {
-    "stock": ([], {}),
+    "stock": ([], {"NPU_COMPAT": "0"}),
     "npu-compat": (["--activate"], {}),
     "cuda": (["--activate"], {"NPU_COMPAT_DEVICE": "cuda"}),
 }
