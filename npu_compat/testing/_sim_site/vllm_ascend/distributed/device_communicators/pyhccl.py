@@ -1,0 +1,215 @@
+# Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
+# mypy: disable-error-code="import-not-found,no-untyped-def"
+"""SIMULATED vllm_ascend.distributed.device_communicators.pyhccl (npu_compat.testing).
+
+Mirrors ``vllm_ascend/distributed/device_communicators/pyhccl.py`` of vllm-ascend
+0.23.0.post1 and 0.18.0 (the two differ only in a no-op branch of ``broadcast``):
+:class:`PyHcclCommunicator` with the real constructor, ``all_reduce`` and ``broadcast`` --
+and nothing else (the real one has no ``destroy``, unlike vLLM 0.23's PyNcclCommunicator).
+
+There is no ``libhccl.so`` behind it.  The collectives run for real, on CPU tensors, over
+the group the communicator is attached to:
+
+* a vLLM ``StatelessProcessGroup``: through its object broadcast / all-gather (pickled
+  through its TCP store; correct, and slow for large tensors);
+* a ``torch.distributed`` ProcessGroup (Gloo, or a mixed ``cpu:gloo,npu:hccl`` group):
+  through ``torch.distributed``.  Like the real one it refuses a plain HCCL group.
+
+As in the real one: ``world_size == 1`` leaves it ``available=False, disabled=True`` (and
+without ``device``), ``all_reduce`` returns a new tensor (``None`` when disabled),
+``broadcast`` works in place, ``src`` is the rank within the group, the dtypes and reduce
+ops HCCL lacks raise ``ValueError``, and constructing it is collective (every rank must
+construct it: the unique id is broadcast from rank 0 and a warm-up all-reduce runs).
+``device`` is kept as the real one keeps it (``npu:N``); tensors on the CPU -- where every
+simulated NPU tensor lives -- are accepted as being on it.
+"""
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup, ReduceOp
+from vllm.distributed.utils import StatelessProcessGroup
+from vllm.logger import logger
+
+from npu_compat.testing._boundary import host_device
+
+#: ``sizeof(HcclRootInfo)``: the real ``hcclUniqueId`` is ``ctypes.c_byte * 4108``.
+HCCL_UNIQUE_ID_BYTES = 4108
+
+_HCCL_DTYPES = (
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+)
+_HCCL_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN)
+
+
+def _check_dtype(dtype: Any) -> None:
+    # hcclDataTypeEnum.from_torch
+    if dtype not in _HCCL_DTYPES:
+        raise ValueError(f"Unsupported dtype: {dtype}")
+
+
+def _check_op(op: Any) -> None:
+    # hcclRedOpTypeEnum.from_torch
+    if not any(op == known for known in _HCCL_OPS):
+        raise ValueError(f"Unsupported op: {op}")
+
+
+def _reduce(parts: list[Any], op: Any) -> Any:
+    result = parts[0].clone()
+    for part in parts[1:]:
+        if op == ReduceOp.SUM:
+            result.add_(part)
+        elif op == ReduceOp.PRODUCT:
+            result.mul_(part)
+        elif op == ReduceOp.MAX:
+            result = torch.maximum(result, part)
+        else:
+            result = torch.minimum(result, part)
+    return result
+
+
+def _check_device(comm: "PyHcclCommunicator", tensor: torch.Tensor) -> None:
+    # hccl communicator created on a specific device
+    # will only work on tensors on the same device
+    assert tensor.device == comm.device or tensor.device == host_device(comm.device), (
+        f"this hccl communicator is created to work on {comm.device}, "
+        f"but the input tensor is on {tensor.device}"
+    )
+
+
+class _SimulatedHcclComm:
+    """Stands where the real ``hcclComm_t`` handle is: which group, which rank, which id."""
+
+    def __init__(self, unique_id: bytes, rank: int, world_size: int) -> None:
+        self.unique_id = unique_id
+        self.rank = rank
+        self.world_size = world_size
+
+    def __repr__(self) -> str:
+        return f"<simulated hcclComm rank={self.rank}/{self.world_size}>"
+
+
+class PyHcclCommunicator:
+    def __init__(
+        self,
+        group: ProcessGroup | StatelessProcessGroup,
+        device: int | str | torch.device,
+        library_path: str | None = None,
+    ):
+        """
+        Args:
+            group: the process group to work on.
+            device: the device to bind the PyHcclCommunicator to (``npu:N``; an int N
+                means ``npu:N``).
+            library_path: the path to the HCCL library (ignored: no library is loaded).
+        It is the caller's responsibility to make sure each communicator
+        is bind to a unique device.
+        """
+
+        if not isinstance(group, StatelessProcessGroup):
+            assert dist.is_initialized()
+            assert dist.get_backend(group) != dist.Backend.HCCL, (
+                "PyHcclCommunicator should be attached to a non-HCCL group."
+            )
+            # note: this rank is the rank in the group
+            self.rank = dist.get_rank(group)
+            self.world_size = dist.get_world_size(group)
+        else:
+            self.rank = group.rank
+            self.world_size = group.world_size
+
+        self.group = group
+
+        # if world_size == 1, no need to create communicator
+        if self.world_size == 1:
+            self.available = False
+            self.disabled = True
+            return
+
+        # The real one loads libhccl.so here (and disables itself when that fails).
+        self.hccl = None
+        self.available = True
+        self.disabled = False
+
+        logger.info("vLLM is using pyhccl (simulated: collectives over the group, on CPU tensors)")
+
+        if isinstance(device, int):
+            device = torch.device(f"npu:{device}")
+        elif isinstance(device, str):
+            device = torch.device(device)
+        # now `device` is a `torch.device` object
+        assert isinstance(device, torch.device)
+        self.device = device
+
+        if self.rank == 0:
+            with torch.npu.device(device):
+                self.unique_id = os.urandom(HCCL_UNIQUE_ID_BYTES)
+        else:
+            self.unique_id = bytes(HCCL_UNIQUE_ID_BYTES)
+
+        if not isinstance(group, StatelessProcessGroup):
+            tensor = torch.tensor(list(self.unique_id), dtype=torch.uint8)
+            ranks = dist.get_process_group_ranks(group)
+            # arg `src` in `broadcast` is the global rank
+            dist.broadcast(tensor, src=ranks[0], group=group)
+            self.unique_id = bytes(tensor.tolist())
+        else:
+            self.unique_id = group.broadcast_obj(self.unique_id, src=0)
+
+        with torch.npu.device(device):
+            self.comm = _SimulatedHcclComm(self.unique_id, self.rank, self.world_size)
+
+            stream = torch.npu.current_stream()
+            # A small all_reduce for warmup.
+            data = torch.zeros(1, device=host_device(device))
+            self.all_reduce(data)
+            stream.synchronize()
+            del data
+
+    def all_reduce(self, in_tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, stream=None) -> torch.Tensor:
+        if self.disabled:
+            return None
+        _check_device(self, in_tensor)
+        _check_dtype(in_tensor.dtype)
+        _check_op(op)
+
+        if stream is None:
+            stream = torch.npu.current_stream()
+        if isinstance(self.group, StatelessProcessGroup):
+            parts = self.group.all_gather_obj(in_tensor.detach().cpu())
+            out_tensor = _reduce(parts, op).to(in_tensor.device)
+        else:
+            out_tensor = in_tensor.detach().clone()
+            dist.all_reduce(out_tensor, op=op, group=self.group)
+        return out_tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int, stream=None):
+        if self.disabled:
+            return
+        _check_device(self, tensor)
+        _check_dtype(tensor.dtype)
+        if stream is None:
+            stream = torch.npu.current_stream()
+        if isinstance(self.group, StatelessProcessGroup):
+            if src == self.rank:
+                self.group.broadcast_obj(tensor.detach().cpu(), src=src)
+            else:
+                received = self.group.broadcast_obj(None, src=src)
+                if received.shape != tensor.shape or received.dtype != tensor.dtype:
+                    raise RuntimeError(
+                        f"simulated HCCL broadcast: rank {src} sent {received.dtype}{list(received.shape)}, "
+                        f"rank {self.rank} expects {tensor.dtype}{list(tensor.shape)}"
+                    )
+                with torch.no_grad():
+                    tensor.copy_(received)
+        else:
+            dist.broadcast(tensor, src=dist.get_process_group_ranks(self.group)[src], group=self.group)

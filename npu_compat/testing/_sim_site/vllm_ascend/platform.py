@@ -1,0 +1,33 @@
+# Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
+# mypy: disable-error-code="import-not-found,misc"
+"""SIMULATED vllm_ascend.platform (npu_compat.testing) -- not Huawei's vllm-ascend.
+
+Mirrors the class attributes of ``NPUPlatform`` in ``vllm_ascend/platform.py`` of
+vllm-ascend 0.23.0.post1 (and of 0.18.0, which lacks ``ray_noset_device_env_vars`` and
+inherits vLLM's empty default).  Like the real class it subclasses vLLM's ``Platform``
+with ``_enum = PlatformEnum.OOT``; subclassing registers nothing, and this stand-in is no
+platform plugin (see ``vllm_ascend``), so vLLM's ``current_platform`` never becomes it.
+None of the real class methods (config checks, attention backends, device communicator,
+worker selection) is simulated.
+"""
+
+from vllm.platforms import Platform, PlatformEnum
+
+from ._version import PAIRS_WITH_VLLM_0_23
+
+
+class NPUPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "npu"
+    device_type: str = "npu"
+    simple_compile_backend: str = "eager"  # Disable torch.compile()
+    ray_device_key: str = "NPU"
+    device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    if PAIRS_WITH_VLLM_0_23:
+        ray_noset_device_env_vars: list[str] = [
+            "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
+        ]
+    dispatch_key: str = "PrivateUse1"
+
+    #: Not in the real class: marks the stand-in.
+    SIMULATED = True
