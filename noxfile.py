@@ -28,7 +28,7 @@ nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.error_on_missing_interpreters = False
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "engine"]  # stack sessions join when their pins land
+nox.options.sessions = ["lint", "engine", *(f"stack-{name}" for name in STACKS)]
 
 
 def _find_links() -> list[str]:
@@ -79,7 +79,9 @@ def engine(session: nox.Session) -> None:
 def _stack_session(name: str, pins: str) -> None:
     @nox.session(name=f"stack-{name}", python="3.11")
     def stack(session: nox.Session) -> None:
-        session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links())
+        # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
+        strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
+        session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
         session.install("--no-deps", ".")
         session.run("pytest", "tests", *session.posargs)
 

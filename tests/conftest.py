@@ -24,6 +24,7 @@ DECISION_VARS = (
     "NPU_COMPAT_DISABLE",
     "NPU_COMPAT_REPORT_DIR",
     "NPU_COMPAT_SIMULATE",
+    "NPU_COMPAT_AUTO",
     "ASCEND_RT_VISIBLE_DEVICES",
     "ASCEND_TOOLKIT_HOME",
     "ASCEND_HOME_PATH",
@@ -34,6 +35,10 @@ def clean_env(extra: dict[str, str] | None = None, pythonpath: list[str] | None 
     env = {k: v for k, v in os.environ.items() if k not in DECISION_VARS}
     paths = [*(pythonpath or []), str(REPO)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    # Children activate explicitly (or not at all): an installed npu-compat, or the repository's
+    # own sitecustomize on PYTHONPATH, would otherwise activate at interpreter start.  Tests of
+    # auto-activation itself pass NPU_COMPAT_AUTO=1.
+    env["NPU_COMPAT_AUTO"] = "0"
     env.update(extra or {})
     return env
 

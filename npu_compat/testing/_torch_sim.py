@@ -312,6 +312,28 @@ def _accelerator_bindings() -> dict[str, Callable[..., Any]]:
     }
 
 
+def _unbind_simulated_hccl_groups() -> None:
+    """A group built for ``hccl`` with ``device_id=npu:N`` is bound to that device, and torch then
+    allocates its barrier tensor there.  The simulated HCCL computes on CPU tensors, so its groups
+    are left unbound (barrier then runs on the CPU); other backends are untouched."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+    if getattr(original, "_npu_compat_sim", False):
+        return
+
+    @functools.wraps(original)
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        pg, store = original(*args, **kwargs)
+        backend = kwargs["backend"] if "backend" in kwargs else args[3] if len(args) > 3 else None
+        if "hccl" in str(backend).lower().replace("npu:hccl", "hccl").split(","):
+            pg.bound_device_id = None
+        return pg, store
+
+    helper._npu_compat_sim = True  # type: ignore[attr-defined]
+    c10d._new_process_group_helper = helper
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     if getattr(sys.modules.get("torch.npu"), "SIMULATED", False):
@@ -325,6 +347,8 @@ def install() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     import torch.distributed as dist
 
+    if dist.is_available():
+        _unbind_simulated_hccl_groups()
     if dist.is_available() and "hccl" not in dist.Backend.backend_list:
         # torch_npu registers hccl for "npu" only; the simulation also claims "cpu"
         # because every simulated tensor lives on the CPU.  "cpu:gloo,npu:hccl" still

@@ -340,12 +340,25 @@ def probe_r13() -> dict[str, Any]:
     import torch
     from trinity.common.models.vllm_worker import WorkerExtension
 
+    ray = _ray()
+    namespace = ray.get_runtime_context().namespace
+
+    @ray.remote(num_cpus=0)
+    class Synchronizer:  # harness stand-in: the row is the group, not Trinity's synchronizer actor
+        pass
+
+    stand_in = Synchronizer.options(name="synchronizer", namespace=namespace).remote()
     _single_rank_group()
     worker = _stub(device=torch.device("npu:0"))
-    WorkerExtension.init_process_group(
-        worker, "127.0.0.1", _free_port(), 0, 1, "probe_group", timeout=60, explorer_name="probe"
-    )
-    return {"group": type(worker._model_update_group).__name__}
+    try:
+        WorkerExtension.init_process_group(
+            worker, "127.0.0.1", _free_port(), 0, 1, "probe_group", timeout=60,
+            explorer_name="probe", namespace=namespace,
+        )  # fmt: skip
+    finally:
+        ray.kill(stand_in)
+    group = worker._model_update_group
+    return {"backend": str(torch.distributed.get_backend(group)), "size": group.size()}
 
 
 def probe_r16() -> dict[str, Any]:

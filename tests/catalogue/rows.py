@@ -28,12 +28,12 @@ class Row:
 
 ROWS: tuple[Row, ...] = (
     # trinity-rft 0.6.0 (stacks a and b)
-    Row("A5", "0.6.0", "any", "HANG", "trinity.common.models.allocator:Allocator.create_all_models", "pending", 5),
+    Row("A5", "0.6.0", "any", "HANG", "trinity.common.models.allocator:Allocator.create_all_models", "pending", 5, fixed=True),
     Row("A6", "0.6.0", "any", "HANG", "trinity.common.models.allocator:get_model_wrapper",
-        "ValueError: Cannot schedule vLLMRolloutModel", 5),
+        "ValueError: Cannot schedule vLLMRolloutModel", 5, fixed=True),
     Row("A12", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_worker:TrinityGPUWorker",
         "AssertionError: GPU worker class chosen on an NPU host", 6),
-    Row("A16", "0.6.0", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5),
+    Row("A16", "0.6.0", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5, fixed=True),
     Row("A17", "0.6.0", "any", "CRASH", "trinity.utils.distributed:VLLMWeightTransferEngine",
         "RuntimeError: torch.cuda.Stream requires CUDA support", 6),
     Row("A22", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.sync_weight_nccl",
@@ -44,12 +44,12 @@ ROWS: tuple[Row, ...] = (
     Row("A30", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker.sync_weight",
         "AssertionError: Torch not compiled with CUDA enabled", 6),
     # trinity-rft 0.5.2 (stack c)
-    Row("6", "0.5.2", "any", "HANG", "trinity.common.models:_BundleAllocator.__init__", "pending", 5),
+    Row("6", "0.5.2", "any", "HANG", "trinity.common.models:_BundleAllocator.__init__", "pending", 5, fixed=True),
     Row("7", "0.5.2", "any", "HANG", "trinity.common.models:create_vllm_inference_models",
-        "ValueError: Cannot schedule vLLMRolloutModel", 5),
+        "ValueError: Cannot schedule vLLMRolloutModel", 5, fixed=True),
     Row("13", "0.5.2", "any", "CRASH", "trinity.common.models.vllm_worker:WorkerExtension.init_process_group",
-        "AssertionError", 7),
-    Row("15", "0.5.2", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5),
+        "AssertionError", 5, fixed=True),
+    Row("15", "0.5.2", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5, fixed=True),
     Row("16", "0.5.2", "any", "HANG", "trinity.trainer.verl.verl_config:Trainer.device", "pending", 7),
     Row("25", "0.5.2", "any", "CRASH", "trinity.trainer.verl.fsdp_workers:ActorRolloutRefWorker.sync_weight",
         "AssertionError: Torch not compiled with CUDA enabled", 7),
