@@ -147,4 +147,122 @@ TRINITY_SPECS = (
     ),
 )
 
-SPECS: "tuple[PatchSpec, ...]" = (*TORCH_SPECS, *RAY_SPECS, *TRINITY_SPECS)
+_NATIVE_RELEASE = "a trinity-rft release with trinity.utils.device"
+_CFG = _P + "trinity_config:"
+_VIEW = _P + "torch_view:torch_for_npu"
+_VIEW_WHY = "calls torch.cuda.{calls} on {where}: 'Torch not compiled with CUDA enabled' on Ascend"
+
+
+def _torch_view(spec_id: str, module: str, versions: str, calls: str, where: str, rows: str) -> PatchSpec:
+    """A scoped torch.cuda -> torch.npu view for one upstream module."""
+    return PatchSpec(
+        spec_id, f"{module}:torch", distribution=_TRINITY, versions=versions, condition=_NO_NATIVE,
+        replacement=_VIEW, why=_VIEW_WHY.format(calls=calls, where=where) + f" (map rows {rows})",
+        upstream_fix="Trinity's merged NPU support calls the device module of the detected device",
+        remove_when="a trinity-rft release with trinity.utils.device",
+    )  # fmt: skip
+
+
+# -- Trinity-RFT 0.6.0 (issue 6) ----------------------------------------------------------------------
+_T06 = ">=0.6.0,<0.7"
+_NO_NATIVE_HCCL = _P + "trinity_vllm:has_hccl_engine"
+TRINITY_060_SPECS = (
+    PatchSpec(
+        "trinity.vllm.worker_cls", "trinity.common.models.vllm_worker:TrinityGPUWorker",
+        distribution=_TRINITY, versions=_T06, condition=_P + "trinity_vllm:has_npu_worker",
+        replacement=_P + "trinity_vllm:npu_worker_class",
+        why="worker_cls names a subclass of vLLM's CUDA Worker; vllm-ascend only swaps in NPUWorker for "
+        "worker_cls='auto' (rows A9/A12)",
+        upstream_fix="Trinity's merged NPU support picks the platform's worker class",
+        remove_when="a trinity-rft release with trinity.utils.device",
+    ),
+    PatchSpec(
+        "trinity.distributed.vllm_weight_transfer", "trinity.utils.distributed:VLLMWeightTransferEngine",
+        distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE_HCCL,
+        replacement=_P + "trinity_vllm:hccl_weight_transfer_engine",
+        why="the trainer side of nccl weight sync calls vLLM's NCCLWeightTransferEngine directly and "
+        "destroy()s a communicator PyHcclCommunicator does not have (row A17)",
+        upstream_fix="Trinity's merged NPU support uses vllm-ascend's HCCL engine",
+        remove_when="a trinity-rft release with trinity.utils.device",
+    ),
+    PatchSpec(
+        "trinity.verl.trainer.device_name", "trinity.trainer.verl.trainer:VERLTrainer.__init__",
+        distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE, wrapper=_CFG + "npu_device_name",
+        why="VERLTrainer hard-codes device_name='cuda' for verl's RayWorkerGroup: GPU bundles hang (row A20)",
+        upstream_fix="Trinity's merged NPU support passes the detected device", remove_when=_NATIVE_RELEASE,
+    ),
+    PatchSpec(
+        "trinity.verl_legacy.trainer_device", "trinity.trainer.verl_legacy.verl_config:Trainer.__init__",
+        distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE, wrapper=_CFG + "npu_default_device",
+        why="trainer.device defaults to 'cuda': verl asks Ray for GPU bundles and num_gpus workers (row A28)",
+        upstream_fix="verl's auto_set_device, which Trinity bypasses", remove_when=_NATIVE_RELEASE,
+    ),
+    _torch_view("trinity.verl.workers.cuda", "trinity.trainer.verl.workers", _T06,
+                "current_device/synchronize", "the trainer's LoRA save and NCCL weight sync", "A21, A22"),
+    _torch_view("trinity.verl.fsdp_engine.cuda", "trinity.trainer.verl.fsdp_engine", _T06,
+                "synchronize", "the FSDP engine's weight helpers", "A23"),
+    _torch_view("trinity.verl.monkey_patch.cuda", "trinity.trainer.verl.monkey_patch", _T06,
+                "get_device_capability", "every model build", "A24"),
+    _torch_view("trinity.verl_legacy.fsdp_workers.cuda", "trinity.trainer.verl_legacy.fsdp_workers", _T06,
+                "get_device_capability/synchronize/empty_cache", "the legacy FSDP workers", "A29, A30"),
+)  # fmt: skip
+
+# -- Trinity-RFT 0.5.2 (issue 7) ----------------------------------------------------------------------
+_T052 = ">=0.5.2,<0.6"
+TRINITY_052_SPECS = (
+    PatchSpec(
+        "trinity.verl.trainer_device", "trinity.trainer.verl.verl_config:Trainer.__init__",
+        distribution=_TRINITY, versions=_T052, condition=_NO_NATIVE, wrapper=_CFG + "npu_default_device",
+        why="trainer.device defaults to 'cuda': verl asks Ray for {'CPU': 3, 'GPU': 1} bundles (row 16)",
+        upstream_fix="verl's auto_set_device, which Trinity bypasses", remove_when=_NATIVE_RELEASE,
+    ),
+    _torch_view("trinity.verl.fsdp_workers.cuda", "trinity.trainer.verl.fsdp_workers", _T052,
+                "empty_cache/synchronize", "the FSDP workers' offload and weight sync", "20, 22, 25"),
+    _torch_view("trinity.vllm_worker.cuda", "trinity.common.models.vllm_worker", _T052,
+                "synchronize/empty_cache", "the rollout side of weight sync", "14"),
+)  # fmt: skip
+
+SPECS: "tuple[PatchSpec, ...]" = (
+    *TORCH_SPECS, *RAY_SPECS, *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
+)  # fmt: skip
+
+# -- Process seams (issue 4) ---------------------------------------------------------------
+# Not a CUDA assumption but a reach: code that breaks on Ascend runs in Ray workers
+# started by raylets, which a patch applied only in the driver never reaches.
+SEAM_SPECS: "tuple[PatchSpec, ...]" = (
+    PatchSpec(
+        "ray.worker_setup_hook",
+        "ray._private.worker:init",
+        distribution="ray",
+        # 2.58.0 and 2.60.0 checked (same ray.init keywords, setup-hook loading and
+        # job-runtime_env merge); trinity-rft needs ray>=2.50.
+        versions=">=2.58,<2.61",
+        wrapper="npu_compat.patches.ray_seam:carry_into_workers",
+        copies=["ray:init"],
+        expects=["runtime_env", "job_config"],
+        why=(
+            "Ray workers inherit the environment of `ray start`, not of the driver: without this, a "
+            "raylet started without npu-compat runs every actor (Explorer, Trainer, vLLM and verl "
+            "workers) unpatched. ray.init now adds npu-compat's worker_process_setup_hook (chained "
+            "with the job's own) and the NPU_COMPAT_* variables to the job's runtime_env."
+        ),
+        upstream_fix="none needed: worker_process_setup_hook is Ray's own per-job seam",
+        remove_when="never while npu-compat patches code that runs in Ray workers",
+    ),
+    PatchSpec(
+        "ray.actor_report",
+        "ray._private.function_manager:FunctionActorManager.load_actor_class",
+        distribution="ray",
+        versions=">=2.58,<2.61",  # checked as for ray.worker_setup_hook
+        wrapper="npu_compat.patches.ray_seam:name_actor_in_report",
+        expects=["job_id", "actor_creation_function_descriptor"],
+        why=(
+            "Only with NPU_COMPAT_REPORT_DIR set: names the actor a Ray worker became (its name and "
+            "class) in that worker's report file, so `doctor --reports` shows which patches applied "
+            "in the Explorer, the Trainer, each model actor. Nothing changes otherwise."
+        ),
+        upstream_fix="none needed: reporting only",
+        remove_when="never while per-process reports are written",
+    ),
+)
+SPECS += SEAM_SPECS

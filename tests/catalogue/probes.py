@@ -190,9 +190,10 @@ def probe_A17() -> dict[str, Any]:
     from trinity.utils.distributed import WeightTransferEngine
 
     engine = WeightTransferEngine.create("vllm", "127.0.0.1", _free_port(), 1, "probe")
+    group = type(engine._model_update_group).__name__
     engine.sync_weight(iter([("w", torch.arange(4.0))]))
     engine.teardown()
-    return {"group": type(engine._model_update_group).__name__}
+    return {"group": group}
 
 
 def _stub(**attrs: Any) -> types.SimpleNamespace:
@@ -229,6 +230,7 @@ def _tiny_hf_config() -> Any:
     return Qwen2Config(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        architectures=["Qwen2ForCausalLM"],
     )  # fmt: skip
 
 

@@ -1,0 +1,111 @@
+"""Trinity-RFT 0.6.0's vLLM side on Ascend: the worker class and the trainer's weight-sync engine.
+
+* ``TrinityGPUWorker`` (A9/A12): Trinity hands vLLM ``worker_cls=
+  "trinity.common.models.vllm_worker.TrinityGPUWorker"``, a subclass of vLLM's CUDA
+  ``Worker``; vllm-ascend only substitutes its ``NPUWorker`` for ``worker_cls="auto"``, so
+  the GPU worker would run on the NPU host.  The replacement is the same class name, at
+  the same import path, with Trinity's two methods on top of vllm-ascend's ``NPUWorker``.
+  vLLM resolves the path inside each worker process it spawns, where the bootstrap
+  (the ``.pth`` line or the vLLM plugin) has already activated npu-compat.
+* ``VLLMWeightTransferEngine`` (A17): the trainer side of ``sync_method: nccl`` calls
+  vLLM's ``NCCLWeightTransferEngine`` directly (so vllm-ascend's factory remap of "nccl"
+  does not reach it) and tears down with ``destroy()``, which ``PyHcclCommunicator`` lacks.
+  The replacement uses vllm-ascend's ``HCCLWeightTransferEngine`` with the same calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+def npu_worker_class(original: Any) -> Any:
+    """Replacement factory for ``trinity.common.models.vllm_worker:TrinityGPUWorker``."""
+    from vllm_ascend.worker.worker import NPUWorker
+
+    class TrinityGPUWorker(NPUWorker):  # type: ignore[misc]
+        # Trinity's own method needs nothing of the CUDA worker: reuse it as it is.
+        apply_patches = original.__dict__["apply_patches"]
+
+        def load_model(self, *args: Any, **kwargs: Any) -> None:
+            """Register Trinity's weight-transfer engines, then load as vllm-ascend does."""
+            from trinity.common.models.vllm_extension import register_checkpoint_weight_transfer_engine
+
+            register_checkpoint_weight_transfer_engine()
+            # NPUWorker.load_model takes no arguments (vLLM's CUDA Worker takes load_dummy_weights)
+            return super().load_model()  # type: ignore[no-any-return]
+
+    TrinityGPUWorker.__module__ = original.__module__
+    TrinityGPUWorker.__qualname__ = original.__qualname__
+    TrinityGPUWorker.__doc__ = (
+        f"Trinity's worker on vllm-ascend's NPUWorker (npu-compat). {original.__doc__ or ''}"
+    )
+    return TrinityGPUWorker
+
+
+def hccl_weight_transfer_engine(original: Any) -> Any:
+    """Replacement factory for ``trinity.utils.distributed:VLLMWeightTransferEngine``."""
+
+    class VLLMWeightTransferEngine(original):  # type: ignore[misc]
+        def __init__(self, master_address: str, master_port: int, world_size: int, group_name: str) -> None:
+            from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
+
+            del group_name  # as upstream: vLLM's engines need no group name
+            self._model_update_group = HCCLWeightTransferEngine.trainer_init(
+                dict(master_address=master_address, master_port=master_port, world_size=world_size)
+            )
+
+        def sync_weight(self, iterator: Iterator[tuple[str, Any]]) -> None:
+            from vllm_ascend.distributed.weight_transfer.hccl_engine import (
+                HCCLTrainerSendWeightsArgs,
+                HCCLWeightTransferEngine,
+            )
+
+            HCCLWeightTransferEngine.trainer_send_weights(
+                iterator=iterator,
+                trainer_args=HCCLTrainerSendWeightsArgs(group=self._model_update_group, packed=True),
+            )
+
+        def teardown(self) -> None:
+            # PyHcclCommunicator has no destroy(); dropping it releases the communicator.
+            destroy = getattr(self._model_update_group, "destroy", None)
+            if destroy is not None:
+                destroy()
+            self._model_update_group = None
+
+    VLLMWeightTransferEngine.__module__ = original.__module__
+    VLLMWeightTransferEngine.__qualname__ = original.__qualname__
+    VLLMWeightTransferEngine.__doc__ = "vLLM weight sync over HCCL (vllm-ascend's engine; npu-compat)."
+    return VLLMWeightTransferEngine
+
+
+def has_hccl_engine() -> str | None:
+    """Condition: vllm-ascend's HCCL weight-transfer engine (0.23.0.post1 and later) is installed."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm_ascend.distributed.weight_transfer.hccl_engine") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return (
+            "vllm-ascend's HCCL weight-transfer engine is not installed (needs vllm-ascend >= 0.23.0.post1)"
+        )
+    from .trinity_common import no_native_npu
+
+    return no_native_npu()
+
+
+def has_npu_worker() -> str | None:
+    """Condition: vllm-ascend (its NPUWorker) is installed, and Trinity has no NPU support of its own."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm_ascend.worker.worker") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return "vllm-ascend is not installed: there is no NPUWorker to run Trinity's worker on"
+    from .trinity_common import no_native_npu
+
+    return no_native_npu()
