@@ -124,6 +124,19 @@ RAY_SPECS = (
     ),
 )
 
+# -- vLLM (issue 6) -------------------------------------------------------------------------------------
+VLLM_SPECS = (
+    PatchSpec(
+        "vllm.weight_transfer.nccl_is_hccl",
+        "vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.create_engine",
+        distribution="vllm", versions=">=0.18,<0.24", wrapper=_P + "vllm_weight_transfer:hccl_for_nccl",
+        why="WeightTransferConfig(backend='nccl') (Trinity's sync_method: nccl) builds vLLM's NCCL engine "
+        "in the rollout workers; on Ascend the collective engine is vllm-ascend's 'hccl' (row A8)",
+        upstream_fix="vllm-ascend's global platform patch remaps 'nccl' in the factory (0.23.0.post1)",
+        remove_when="always safe to keep; redundant where vllm-ascend's remap is active",
+    ),
+)  # fmt: skip
+
 # -- Trinity-RFT, both releases (issues 5-7) ---------------------------------------------------------
 _TRINITY = "trinity-rft"
 _NO_NATIVE = _P + "trinity_common:no_native_npu"
@@ -223,7 +236,7 @@ TRINITY_052_SPECS = (
 )  # fmt: skip
 
 SPECS: "tuple[PatchSpec, ...]" = (
-    *TORCH_SPECS, *RAY_SPECS, *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
+    *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
 )  # fmt: skip
 
 # -- Process seams (issue 4) ---------------------------------------------------------------
