@@ -107,6 +107,16 @@ RAY_SPECS = (
         remove_when="Trinity and verl request NPU resources on Ascend",
     ),
     PatchSpec(
+        "ray.placement_group.copies",
+        "ray.util.placement_group:validate_placement_group",
+        distribution=_RAY,
+        versions=_RAY_RANGE,
+        wrapper=_P + "ray_resources:bundles_in_place",
+        why="a copy of placement_group bound before activation, in a module npu-compat does not know, "
+        "bypasses ray.placement_group; its GPU bundles are rewritten where Ray validates them",
+        remove_when="Trinity and verl build NPU bundles on Ascend",
+    ),
+    PatchSpec(
         "ray.placement_group",
         "ray.util.placement_group:placement_group",
         distribution=_RAY,

@@ -67,6 +67,22 @@ def placement_group_bundles(
     return wrapped(*args, **kwargs)
 
 
+def bundles_in_place(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # validate_placement_group(bundles=..., strategy=..., ...) runs inside placement_group on the
+    # very list it then hands to the core worker.  A caller holding a copy of placement_group
+    # bound before npu-compat activated (``from ray.util.placement_group import placement_group``
+    # in a module nobody declared) reaches here with its GPU bundles still in: they are
+    # rewritten in place, the only way left to reach that request.
+    bundles = kwargs.get("bundles", args[0] if args else None)
+    if isinstance(bundles, list):
+        for bundle in bundles:
+            if isinstance(bundle, dict) and _GPU in bundle:
+                rewritten = npu_bundle(bundle)
+                bundle.clear()
+                bundle.update(rewritten)
+    return wrapped(*args, **kwargs)
+
+
 # -- the guard --------------------------------------------------------------------------------
 
 _cluster_has_gpu: bool | None = None

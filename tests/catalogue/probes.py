@@ -103,6 +103,17 @@ def _actor_resources(actor: Any, timeout: float) -> dict[str, Any]:
 # -- trinity-rft 0.6.0 -------------------------------------------------------------------------
 
 
+def _sampling_defaults(model: Any) -> Any:
+    """What Trinity's config validator fills in before a model actor is created."""
+    for name, value in {
+        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": 0, "max_response_tokens": 16,
+        "min_response_tokens": 0, "max_prompt_tokens": 16, "ignore_eos": False,
+    }.items():  # fmt: skip
+        if getattr(model, name, None) is None:
+            setattr(model, name, value)
+    return model
+
+
 def _explorer_config() -> Any:
     from trinity.common.config import ExplorerConfig
 
@@ -111,6 +122,7 @@ def _explorer_config() -> Any:
     model = cfg.rollout_model
     model.engine_num, model.gpu_per_engine, model.nnodes, model.tensor_parallel_size = 1, 1, 1, 1
     model.ray_namespace = "probe"
+    _sampling_defaults(model)
     return cfg
 
 
@@ -132,6 +144,13 @@ def probe_A5() -> dict[str, Any]:
         raise Pending(
             f"placement group {state['state']} after {PENDING_AFTER_S:.0f}s, bundles {state['bundles']}"
         )
+    # end to end: the rollout actor create_all_models went on to start sits in an NPU bundle
+    ray = _ray()
+    actor = ray.get_actor(allocator.get_actor_name("rollout", 0, 0), namespace="probe")
+    try:
+        state["rollout_actor"] = _actor_resources(actor, SCHEDULE_TIMEOUT_S)
+    finally:
+        ray.kill(actor)
     return state
 
 
@@ -314,7 +333,7 @@ def probe_r7() -> dict[str, Any]:
     pg = placement_group([{"NPU": 1.0}], strategy="PACK")  # what an NPU-aware row 6 yields
     ray.get(pg.ready(), timeout=60)
     allocator = types.SimpleNamespace(pg=pg, allocate=lambda n: [0])
-    cfg = InferenceModelConfig(engine_num=1, tensor_parallel_size=1)
+    cfg = _sampling_defaults(InferenceModelConfig(engine_num=1, tensor_parallel_size=1))
     cfg.ray_namespace = ray.get_runtime_context().namespace
     (actor,) = create_vllm_inference_models(cfg, allocator, f"probe_rollout_{uuid.uuid4().hex[:6]}")
     try:
