@@ -147,6 +147,33 @@ VLLM_SPECS = (
     ),
 )  # fmt: skip
 
+# -- torch.compile (rows A26, 29) --------------------------------------------------------------------
+_NO_NPU_COMPILER = _P + "torch_compile:no_npu_compiler"
+COMPILE_SPECS = (
+    PatchSpec(
+        "trinity.verl.config.torch_compile",
+        "trinity.trainer.verl.config:_build_actor_config",
+        distribution="trinity-rft",
+        versions=">=0.6.0,<0.7",
+        condition=_NO_NPU_COMPILER,
+        wrapper=_P + "torch_compile:actor_config_without_compile",
+        why="the actor config turns torch.compile on; inductor has no Ascend backend (row A26). A "
+        "use_torch_compile set in trainer_config is merged afterwards and wins",
+        remove_when="an Ascend torch.compile backend ships with torch_npu by default",
+    ),
+    PatchSpec(
+        "verl.dp_actor.torch_compile",
+        "verl.workers.actor.dp_actor:DataParallelPPOActor.__init__",
+        distribution="verl",
+        versions=">=0.7.1,<0.8",
+        condition=_NO_NPU_COMPILER,
+        wrapper=_P + "torch_compile:dp_actor_without_compile",
+        why="verl compiles entropy_from_logits unless use_torch_compile is False; Trinity's configs "
+        "have no such key (row 29, and trinity 0.6's legacy trainer). An explicit value is kept",
+        remove_when="an Ascend torch.compile backend ships with torch_npu by default",
+    ),
+)
+
 # -- Trinity-RFT, both releases (issues 5-7) ---------------------------------------------------------
 _TRINITY = "trinity-rft"
 _NO_NATIVE = _P + "trinity_common:no_native_npu"
@@ -246,7 +273,8 @@ TRINITY_052_SPECS = (
 )  # fmt: skip
 
 SPECS: "tuple[PatchSpec, ...]" = (
-    *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
+    *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *COMPILE_SPECS,
+    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
 )  # fmt: skip
 
 # -- Process seams (issue 4) ---------------------------------------------------------------

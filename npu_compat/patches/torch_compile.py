@@ -1,0 +1,59 @@
+"""torch.compile on Ascend: off by default unless an NPU compiler backend is installed.
+
+Inductor has no Ascend backend in torch itself; on NPU, ``torch.compile`` needs Ascend's own
+backend (``torchair``, or torch_npu's ``_inductor``).  Without one, verl's compiled entropy
+helpers fail or fall back at the first training step.  The report says which way it went:
+the patches below are ``applied`` (compile off) or ``skipped`` with the backend found.
+
+* trinity-rft 0.6.0 with verl >= 0.8 (row A26): ``_build_actor_config`` writes
+  ``use_torch_compile: True``; it becomes False.  The user's ``trainer_config`` overrides are
+  merged after this function, so a ``use_torch_compile`` set there still wins.
+* verl 0.7.1 (trinity 0.5.2 row 29, and trinity 0.6.0's legacy trainer): ``DataParallelPPOActor``
+  compiles ``entropy_from_logits`` (and ``calculate_sum_pi_squared_from_logits``) unless its
+  config says ``use_torch_compile: False``; Trinity's configs have no such key.  When the key is
+  absent the plain functions are used; an explicit value is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+_BACKENDS = ("torchair", "torch_npu._inductor")
+
+
+def no_npu_compiler() -> str | None:
+    """Condition: stand down (keep torch.compile on) when an Ascend compiler backend is installed."""
+    for name in _BACKENDS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return f"an Ascend torch.compile backend is installed ({name}): torch.compile stays on"
+        except (ImportError, ValueError):
+            continue
+    return None
+
+
+def actor_config_without_compile(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    actor = wrapped(*args, **kwargs)
+    if isinstance(actor, dict) and actor.get("use_torch_compile"):
+        actor["use_torch_compile"] = False
+    return actor
+
+
+def _uncompiled(fn: Any) -> Any:
+    return getattr(fn, "_torchdynamo_orig_callable", fn)
+
+
+def dp_actor_without_compile(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    result = wrapped(*args, **kwargs)
+    get = getattr(getattr(instance, "config", None), "get", None)
+    explicit = get is not None and get("use_torch_compile", None) is not None
+    if not explicit:
+        for name in ("compute_entropy_from_logits", "calculate_sum_pi_squared_from_logits"):
+            if hasattr(instance, name):
+                setattr(instance, name, _uncompiled(getattr(instance, name)))
+    return result

@@ -1,0 +1,68 @@
+"""torch.compile on the simulated Ascend: off without an Ascend compiler backend, and the report says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import SIM_SITE, simulation_env
+from tests.conftest import last_json, run_py
+
+pytest.importorskip("trinity", reason="needs trinity-rft (installed by the upstream stack sessions)")
+
+PROBE = """
+import json, socket, importlib, importlib.metadata as md
+import npu_compat
+ACTIVATE and npu_compat.activate()
+import torch
+out = {}
+if md.version("trinity-rft").startswith("0.6") and not md.version("verl").startswith("0.7"):
+    from trinity.common.config import Config
+    from trinity.trainer.verl.config import _build_actor_config
+    out["compiled"] = _build_actor_config(Config(), "fsdp2", 10)["use_torch_compile"]
+else:
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    layout = "verl.verl_config" if md.version("trinity-rft").startswith("0.5") else "verl_legacy.verl_config"
+    actor_conf = OmegaConf.structured(importlib.import_module("trinity.trainer." + layout).veRLConfig().actor_rollout_ref.actor)
+    actor_conf.ulysses_sequence_parallel_size = 1   # the validator fills this in
+    actor = DataParallelPPOActor(actor_conf, torch.nn.Linear(2, 2), None)
+    out["compiled"] = hasattr(actor.compute_entropy_from_logits, "_torchdynamo_orig_callable")
+out["report"] = {r["id"]: [r["status"], r["reason"]] for r in npu_compat.report() if "compile" in r["id"]}
+print(json.dumps(out))
+"""
+
+
+def _run(activate: bool, extra_path: list[str] | None = None) -> Any:
+    sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
+    code = PROBE.replace("ACTIVATE", str(activate))
+    return last_json(run_py(code, env=sim, pythonpath=[str(SIM_SITE), *(extra_path or [])], timeout=300))
+
+
+def _applied(report: dict[str, list[str]]) -> list[str]:
+    return [i for i, (status, _) in report.items() if status == "applied"]
+
+
+def test_stock_compiles() -> None:
+    assert _run(activate=False)["compiled"] is True
+
+
+def test_off_on_npu_without_a_compiler_backend() -> None:
+    out = _run(activate=True)
+    assert out["compiled"] is False
+    assert len(_applied(out["report"])) == 1  # the one patch for this stack's trainer path
+
+
+def test_stays_on_with_an_ascend_backend_and_the_report_says_which(tmp_path: Path) -> None:
+    (tmp_path / "torchair").mkdir()
+    (tmp_path / "torchair" / "__init__.py").write_text("")
+    out = _run(activate=True, extra_path=[str(tmp_path)])
+    assert out["compiled"] is True
+    assert _applied(out["report"]) == []
+    reasons = [reason for status, reason in out["report"].values() if status == "skipped"]
+    assert any("torchair" in reason for reason in reasons), out["report"]

@@ -1,0 +1,70 @@
+"""trainer.device: the default becomes npu (verl then builds NPU placement groups); a user's own value is kept."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import SIM_SITE, simulation_env
+from tests.conftest import last_json, run_py
+
+try:
+    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
+except md.PackageNotFoundError:
+    pytest.skip(
+        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
+    )
+
+if TRINITY.startswith("0.5."):
+    MODULE = "trinity.trainer.verl.verl_config"
+elif tuple(int(p) for p in VERL.split(".")[:2]) < (0, 8):
+    MODULE = "trinity.trainer.verl_legacy.verl_config"
+else:
+    pytest.skip(
+        "trinity 0.6 with verl >= 0.8 has no Trainer.device (VERLTrainer sets device_name)",
+        allow_module_level=True,
+    )
+
+
+def _devices(activate: bool) -> Any:
+    sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
+    return last_json(
+        run_py(
+            f"""
+            import json
+            import npu_compat
+            {"npu_compat.activate()" if activate else ""}
+            from omegaconf import OmegaConf
+            from {MODULE} import veRLConfig
+            schema = OmegaConf.structured(veRLConfig)   # how Trinity's validator builds a user's trainer_config
+            def device(user):
+                return OmegaConf.to_object(OmegaConf.merge(schema, user)).trainer.device
+            print(json.dumps({{"plain": veRLConfig().trainer.device, "yaml_default": device({{}}),
+                              "yaml_cuda": device({{"trainer": {{"device": "cuda"}}}}),
+                              "yaml_npu": device({{"trainer": {{"device": "npu"}}}})}}))
+            """,
+            env=sim,
+            pythonpath=[str(SIM_SITE)],
+            timeout=300,
+        )
+    )
+
+
+def test_default_device_is_npu_and_explicit_values_are_kept() -> None:
+    assert _devices(activate=True) == {
+        "plain": "npu",
+        "yaml_default": "npu",
+        "yaml_cuda": "cuda",
+        "yaml_npu": "npu",
+    }
+
+
+def test_stock_default_is_cuda() -> None:
+    assert _devices(activate=False) == {
+        "plain": "cuda",
+        "yaml_default": "cuda",
+        "yaml_cuda": "cuda",
+        "yaml_npu": "npu",
+    }
