@@ -21,7 +21,7 @@ from ._spec import PatchSpec, load
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import ModuleType
 
 STATUSES = ("pending", "applied", "skipped", "failed")
@@ -51,6 +51,9 @@ class _Record:
         self.live = False
         self.new: object = _MISSING
         self.original: object = _MISSING
+
+    def is_live(self) -> bool:
+        return self.live
 
     def as_dict(self) -> "dict[str, object]":
         spec = self.spec
@@ -100,6 +103,20 @@ class _State:
 
 
 _state = _State()
+
+#: Called (no arguments, under the engine's lock) after ``activate()``, after ``deactivate()``
+#: and after every post-import hook that may have changed a patch's status.  The
+#: per-process report file (:mod:`._reportfile`) listens here.  A listener that raises
+#: is reported as a warning; it never breaks an import.
+LISTENERS: "list[Callable[[], None]]" = []
+
+
+def _notify() -> None:
+    for listener in list(LISTENERS):
+        try:
+            listener()
+        except Exception as exc:  # noqa: BLE001 - a report must never break the user's import
+            _warn(f"npu_compat: report listener {listener!r} failed: {type(exc).__name__}: {exc}")
 
 
 # -- logging and warnings -------------------------------------------------------------
@@ -242,14 +259,9 @@ def _build(rec: "_Record", original: object) -> object:
 
     wrapper = load(spec.wrapper)  # type: ignore[arg-type]
 
-    def guard(wrapped, instance, args, kwargs):  # type: ignore[no-untyped-def]
-        # After deactivate() a wrapper can survive in places nobody declared
-        # (a later ``from x import f``); it then passes straight through.
-        if rec.live:
-            return wrapper(wrapped, instance, args, kwargs)  # type: ignore[operator]
-        return wrapped(*args, **kwargs)
-
-    new: object = wrapt.FunctionWrapper(original, guard)  # type: ignore[arg-type]
+    # After deactivate() a wrapper can survive in places nobody declared (a later
+    # ``from x import f``); wrapt's ``enabled`` check (in C) then calls straight through.
+    new: object = wrapt.FunctionWrapper(original, wrapper, enabled=rec.is_live)  # type: ignore[arg-type]
     new._self_npu_compat_patch = spec.id  # type: ignore[attr-defined]
     return new
 
@@ -346,14 +358,18 @@ def _on_import(module: "ModuleType") -> None:
             if not state.active:
                 return
             name = module.__name__
-            for rec in state.by_module.get(name, ()):
-                _apply(state, rec, module)
-            for rec in state.by_copy.get(name, ()):
-                if rec.status == "applied":
-                    for copy_module, copy_name in rec.spec.copy_places():
-                        if copy_module == name:
-                            _repoint(rec, module, copy_name)
-            _maybe_log_summary(state, force=True)
+            try:
+                for rec in state.by_module.get(name, ()):
+                    _apply(state, rec, module)
+                for rec in state.by_copy.get(name, ()):
+                    if rec.status == "applied":
+                        for copy_module, copy_name in rec.spec.copy_places():
+                            if copy_module == name:
+                                _repoint(rec, module, copy_name)
+                _maybe_log_summary(state, force=True)
+            finally:
+                if name in state.by_module:
+                    _notify()
     except Exception as exc:
         from ._errors import PatchError
 
@@ -434,6 +450,11 @@ def activate(
                     _on_import(module)
         finally:
             _maybe_log_summary(state)
+            if os.environ.get(_env.REPORT_DIR):
+                from . import _reportfile  # the per-process report file: it listens from now on
+
+                _reportfile.attach()
+            _notify()
         return "npu"
 
 
@@ -450,6 +471,7 @@ def deactivate() -> None:
         state.reset()
         state.summary_logged = False
         _env.LAST = None
+        _notify()
 
 
 def _restore(change: "_Change") -> None:

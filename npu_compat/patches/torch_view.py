@@ -1,7 +1,7 @@
 """Scoped ``torch.cuda`` -> ``torch.npu``: a view of torch for the upstream modules that need it.
 
-A patch replaces the ``torch`` global of one upstream module (never torch itself) with a
-:class:`TorchView`: a module object holding the same attributes as torch, so every
+A patch replaces the ``torch`` global of one upstream module (never torch itself) with a view
+(:func:`torch_view`): a module object holding the same attributes as torch, so every
 ``torch.x`` lookup in that module is the same dictionary lookup as before and hot loops
 run at the same speed, except ``torch.cuda``, which answers from ``torch.npu`` for the
 device calls listed in :data:`REDIRECTED` and from the real ``torch.cuda`` for everything
@@ -30,22 +30,21 @@ REDIRECTED = frozenset(
 )  # fmt: skip
 
 
-class CudaRedirect(types.ModuleType):
+def cuda_redirect(torch: Any) -> types.ModuleType:
     """``torch.cuda`` as seen from a patched module."""
+    redirect = types.ModuleType(
+        "torch.cuda", "torch.cuda as seen by an npu-compat-patched module (device calls -> torch.npu)"
+    )
 
-    def __init__(self, torch: Any) -> None:
-        super().__init__(
-            "torch.cuda", "torch.cuda as seen by an npu-compat-patched module (device calls -> torch.npu)"
-        )
-        self._npu_compat_torch = torch
-
-    def __getattr__(self, name: str) -> Any:
-        torch = self.__dict__["_npu_compat_torch"]
+    def __getattr__(name: str) -> Any:  # PEP 562: consulted only for names not in the module dict
         if name == "get_device_capability":
             return _capability
         if name in REDIRECTED:
             return getattr(torch.npu, name)
         return getattr(torch.cuda, name)
+
+    redirect.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return redirect
 
 
 #: CANN has no compute capability (torch_npu answers None).  Callers compare the major
@@ -61,19 +60,23 @@ def _capability(device: Any = None) -> tuple[int, int]:
     return (int(answer[0]), int(answer[1])) if answer else NPU_CAPABILITY
 
 
-class TorchView(types.ModuleType):
-    """``torch`` as seen from a patched module."""
+def torch_view(torch: Any) -> types.ModuleType:
+    """``torch`` as seen from a patched module.
 
-    def __init__(self, torch: Any) -> None:
-        super().__init__(torch.__name__, torch.__doc__)
-        self.__dict__.update(torch.__dict__)
-        self.__dict__["cuda"] = CudaRedirect(torch)
-        self.__dict__["_npu_compat_torch"] = torch
+    A plain module object (not a subclass): CPython's attribute fast path for modules only
+    applies to exact module objects, so ``torch.x`` in a hot loop costs what it did before.
+    """
+    view = types.ModuleType(torch.__name__, torch.__doc__)
+    view.__dict__.update(torch.__dict__)
+    view.__dict__["cuda"] = cuda_redirect(torch)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_npu_compat_torch"], name)
+    def __getattr__(name: str) -> Any:  # names torch gains later (lazy submodules)
+        return getattr(torch, name)
+
+    view.__dict__["__getattr__"] = __getattr__
+    return view
 
 
 def torch_for_npu(original: Any) -> Any:
-    """The replacement factory: the module's ``torch`` global -> a :class:`TorchView` of it."""
-    return TorchView(original)
+    """The replacement factory: the module's ``torch`` global -> a view of it (:func:`torch_view`)."""
+    return torch_view(original)
