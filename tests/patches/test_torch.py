@@ -87,7 +87,7 @@ def test_stock_nccl_request_fails_on_the_simulated_ascend() -> None:
     assert "nccl" in proc.stderr.lower()
 
 
-VIEW_MODULE = '''
+VIEW_MODULE = """
 import torch
 
 def sync_and_ask():
@@ -102,7 +102,7 @@ def hot_loop(n):
     for _ in range(n):
         x = torch.add(x, 1)
     return float(x[0])
-'''
+"""
 
 
 def test_scoped_view_redirects_only_the_patched_module(tmp_path: object) -> None:
