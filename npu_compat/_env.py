@@ -50,10 +50,41 @@ SIMULATE = "NPU_COMPAT_SIMULATE"
 #: Number of simulated NPUs (default 2).
 SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
 
+#: ``0`` stops activation at interpreter start (the ``npu_compat.pth`` line and the
+#: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
+#: and the vLLM plugin still activate.  For code that calls ``activate()`` itself
+#: with its own arguments.  The launcher drops it from its command's environment.
+#: ``_npu_compat_boot`` reads this name (and the others its pre-check needs) as
+#: literals, to stay import-free; a test keeps them equal to the names here.
+AUTO = "NPU_COMPAT_AUTO"
+
+#: Set by npu-compat, not by users: the job's own ``worker_process_setup_hook``
+#: (an import path) that npu-compat's Ray hook runs after activating, in each worker.
+RAY_SETUP_HOOK = "NPU_COMPAT_RAY_SETUP_HOOK"
+
+#: Every name npu-compat owns starts with this.
+PREFIX = "NPU_COMPAT"
+
 # Evidence of an Ascend host, read by the device decision (not ours).
 ASCEND_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
 #: Set by the CANN toolkit's ``set_env.sh``.
 ASCEND_TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
+
+# Read by ``doctor`` (not ours).
+#: ``0`` stops ``import torch`` from loading torch_npu through its ``torch.backends`` entry point.
+TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+#: vLLM's allow-list of plugins; when set, it must name ``npu_compat`` for the vLLM seam to load.
+VLLM_PLUGINS = "VLLM_PLUGINS"
+
+#: The device variables a per-process report may contain, besides ``NPU_COMPAT*``
+#: (no other environment value is ever written to a report).
+DEVICE_VARS = (
+    TRINITY_DEVICE,
+    ASCEND_VISIBLE_DEVICES,
+    *ASCEND_TOOLKIT_VARS,
+    TORCH_AUTOLOAD,
+    "CUDA_VISIBLE_DEVICES",
+)
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 FALSE_VALUES = frozenset({"0", "false", "no", "off"})

@@ -1,0 +1,220 @@
+"""npu-compat's interpreter-start bootstrap: the part that runs in every Python process.
+
+Reached three ways; whichever runs first holds the state, and npu-compat starts at
+most once per interpreter:
+
+* ``npu_compat.pth`` in site-packages imports it (every interpreter of the environment,
+  also under ``-I``, not under ``-S``), even when another ``sitecustomize`` shadows ours;
+* the ``sitecustomize`` at the top of the wheel, a stub that calls it;
+* the launcher's ``sitecustomize`` (``npu_compat/_bootstrap``, first on the command's
+  ``PYTHONPATH``), which is a copy of this file (a link in the repository), so that a
+  launched interpreter loads one module, not two.
+
+A ``sitecustomize`` of ours activates, then runs the next ``sitecustomize`` on ``sys.path``
+-- the environment's own -- exactly once, as Python would have.
+
+Every interpreter pays for this file, so it imports nothing (``os`` and ``sys`` are
+loaded before ``site`` runs) and first asks one cheap question: can npu-compat be
+anything but a no-op here?  Only an Ascend hint (a device override that is not
+``cpu``/``cuda``, an Ascend variable, ``/dev/davinci*``, ``torch_npu`` on the path) or
+a report directory leads on to ``npu_compat._boot``, which imports the package and
+makes the real decision.  Nothing is ever imported from the current directory or a
+relative ``sys.path`` entry: the package is imported from this file's own location.
+"""
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+    from typing import Any
+
+# The few names of npu_compat._env this pre-check reads before anything is imported
+# (importing _env costs every interpreter ~0.3 ms); tests/seams keeps them equal.
+_ENABLE = "NPU_COMPAT"
+_AUTO = "NPU_COMPAT_AUTO"
+_OVERRIDES = ("NPU_COMPAT_DEVICE", "TRINITY_DEVICE")
+_REPORT_DIR = "NPU_COMPAT_REPORT_DIR"
+_HINTS = (
+    "NPU_COMPAT_SIMULATE",
+    _REPORT_DIR,
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "ASCEND_TOOLKIT_HOME",
+    "ASCEND_HOME_PATH",
+)
+_FALSE = ("0", "false", "no", "off")
+_NOT_NPU = ("cpu", "cuda")
+DEV_DIR = "/dev"
+
+#: Every trigger that reached this interpreter, in order (``.pth``, ``sitecustomize``, ``launcher``).
+TRIGGERS: "list[str]" = []
+#: The trigger that started npu-compat here, or None (no trigger, or nothing to do).
+STARTED: "str | None" = None
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+#: Where the npu_compat package is: beside this file, or two levels up from npu_compat/_bootstrap.
+_ROOT = os.path.dirname(os.path.dirname(_HERE)) if os.path.basename(_HERE) == "_bootstrap" else _HERE
+_OURS: "list[str]" = []  # the sitecustomize files of ours that ran here
+_HOST: "list[bool | None]" = []  # what the environment and /dev said, once read
+
+
+def wanted(environ: "Mapping[str, str] | None" = None) -> bool:
+    # False when npu-compat can only be a no-op in this process (decided without imports).
+    # The environment and /dev are read once per interpreter; only sys.path grows between
+    # the .pth (read before later site directories are added) and sitecustomize.
+    if environ is not None:
+        host = _host_says(environ)
+    else:
+        if not _HOST:
+            _HOST.append(_host_says(os.environ))
+        host = _HOST[0]
+    return host if host is not None else _torch_npu_on_path()
+
+
+def _host_says(env: "Mapping[str, str]") -> "bool | None":
+    for name in (_ENABLE, _AUTO):
+        value = env.get(name)
+        if value is not None and value.strip().lower() in _FALSE:
+            return False
+    for name in _OVERRIDES:  # the precedence of npu_compat._env.decide
+        raw = env.get(name)
+        if raw:
+            value = raw.strip().lower()
+            if value != "auto":
+                return value not in _NOT_NPU  # "npu", or a bad value that _env will name
+    for name in _HINTS:
+        if env.get(name):
+            return True
+    try:
+        for node in os.listdir(DEV_DIR):
+            if node.startswith("davinci"):
+                return True
+    except OSError:
+        pass
+    return None  # no answer yet: a torch_npu on the path decides
+
+
+def _torch_npu_on_path() -> bool:
+    cache = sys.path_importer_cache
+    for entry in sys.path:
+        if not isinstance(entry, str) or not os.path.isabs(entry):
+            continue
+        listing = getattr(cache.get(entry), "_path_cache", None)
+        if listing:
+            if "torch_npu" in listing:
+                return True
+        elif os.path.exists(os.path.join(entry, "torch_npu")):
+            return True
+    return False
+
+
+def from_pth() -> None:
+    """The ``npu_compat.pth`` line."""
+    _trigger(".pth")
+
+
+def from_sitecustomize(path: str, via: str) -> None:
+    """A shipped ``sitecustomize`` (``via``: ``sitecustomize`` or ``launcher``) at ``path``.
+
+    Activates, then runs the next ``sitecustomize`` on ``sys.path`` after ``path``'s
+    directory, exactly as Python would have without ours, and makes it the module
+    ``import sitecustomize`` answers.
+    """
+    _trigger(via)
+    _chain(path)
+
+
+def _trigger(via: str) -> None:
+    global STARTED
+    if via in TRIGGERS:
+        return  # CPython 3.11 processes a venv's .pth files twice
+    TRIGGERS.append(via)
+    if STARTED is not None:
+        return
+    if not wanted():
+        _forget_report()
+        return
+    STARTED = via
+    try:
+        boot = sys.modules.get("npu_compat._boot")
+        if boot is None:
+            boot = _import_boot()
+        boot.start(via)
+    except Exception as exc:  # noqa: BLE001 - interpreter start-up must never fail because of us
+        sys.stderr.write(
+            f"npu_compat: activation at interpreter start ({via}) failed: {type(exc).__name__}: {exc}; "
+            "this process runs without npu-compat\n"
+        )
+
+
+def _forget_report() -> None:
+    # Off here, but this pid's previous program (before an exec: Ray's setup_worker.py, the
+    # launcher) may have written a report that would now describe the wrong process.
+    # The name is npu_compat._reportfile's, <host>-<pid>.json.
+    directory = os.environ.get(_REPORT_DIR)
+    if directory:
+        try:
+            os.remove(os.path.join(directory, f"{os.uname().nodename}-{os.getpid()}.json"))
+        except OSError:
+            pass
+
+
+def _import_boot() -> "ModuleType":
+    # The package next to this file: its absolute directory goes first for the one
+    # import, so a relative sys.path entry or the current directory is never searched.
+    if "npu_compat" not in sys.modules:
+        sys.path.insert(0, _ROOT)
+        try:
+            import npu_compat
+        finally:
+            if sys.path and sys.path[0] == _ROOT:
+                del sys.path[0]
+    import npu_compat._boot
+
+    return npu_compat._boot
+
+
+def _chain(path: str) -> None:
+    _OURS.append(_norm(os.path.abspath(path)))
+    mine = _norm(os.path.dirname(os.path.abspath(path)))
+    entries = [(e, _norm(e)) for e in sys.path if isinstance(e, str) and os.path.isabs(e)]
+    dirs = [n for _, n in entries]
+    rest = entries[dirs.index(mine) + 1 :] if mine in dirs else entries
+    machinery: Any = sys.modules.get("_frozen_importlib_external")  # importlib without importing it
+    loading: Any = sys.modules.get("_frozen_importlib")
+    if machinery is None or loading is None:  # not CPython
+        import importlib.machinery
+        import importlib.util
+
+        machinery, loading = importlib.machinery, importlib.util
+    while True:
+        rest = [(e, n) for e, n in rest if n != mine]
+        if not rest:
+            return
+        spec = machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
+        if spec is None or spec.loader is None or not spec.origin:
+            return
+        if _norm(spec.origin) not in _OURS:
+            break
+        # a file of ours that already ran here (its directory is not where sys.path says): skip past it
+        mine = _norm(os.path.dirname(spec.origin))
+        rest = rest[[n for _, n in rest].index(mine) + 1 :] if mine in [n for _, n in rest] else []
+    module = loading.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module  # what `import sitecustomize` answers from now on
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop("sitecustomize", None)  # as if theirs had failed on its own; site reports it
+        raise
+
+
+def _norm(path: str) -> str:
+    return os.path.normcase(os.path.normpath(path))
+
+
+if __name__ == "sitecustomize":
+    # Loaded as a sitecustomize: share the state of the .pth's module if it ran, else be it.
+    _shared = sys.modules.setdefault("_npu_compat_boot", sys.modules[__name__])
+    _shared.from_sitecustomize(__file__, "launcher" if _ROOT != _HERE else "sitecustomize")

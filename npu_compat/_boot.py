@@ -1,0 +1,52 @@
+"""Activation at interpreter start, once ``_npu_compat_boot`` found something to do.
+
+Makes the real device decision (``npu_compat.activate()`` with the environment's
+settings), switches on the simulated Ascend first when ``NPU_COMPAT_SIMULATE`` asks
+for it (a Ray worker or vLLM child whose ``PYTHONPATH`` was reset still sees it), and
+starts the per-process report file when ``NPU_COMPAT_REPORT_DIR`` is set.  A bad
+setting is one line on stderr, never a failed interpreter start.
+"""
+
+import os
+import sys
+
+from . import _env
+
+#: How this interpreter was activated: ``.pth``, ``sitecustomize``, ``launcher``,
+#: ``ray-setup-hook``, ``vllm-plugin``; None when nothing activated it automatically.
+VIA: "str | None" = None
+
+
+def start(via: str) -> str:
+    """Activate for ``via`` and return the device decided (``"error"`` for a bad setting)."""
+    global VIA
+    if VIA is not None:
+        return _env.LAST.device if _env.LAST is not None else "error"
+    VIA = via
+    if _env.is_true(os.environ.get(_env.SIMULATE)):
+        _simulate()
+    import npu_compat
+
+    try:
+        device = npu_compat.activate()
+    except Exception as exc:
+        from ._errors import PatchError
+
+        if isinstance(exc, PatchError):
+            raise
+        sys.stderr.write(f"npu_compat: {exc}; this process runs without npu-compat\n")
+        return "error"
+    if device != "off" and os.environ.get(_env.REPORT_DIR):
+        from . import _reportfile
+
+        _reportfile.attach()
+    return device
+
+
+def _simulate() -> None:
+    from .testing import SIM_SITE
+
+    site = str(SIM_SITE)
+    if site not in sys.path:
+        sys.path.insert(0, site)
+        sys.path_importer_cache.pop(site, None)

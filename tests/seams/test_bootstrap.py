@@ -1,0 +1,310 @@
+"""Activation at interpreter start: the shipped sitecustomize, the launcher's, and the pre-check.
+
+Each case runs in a fresh interpreter started with the checkout's bootstrap on
+``PYTHONPATH`` (the repository root holds the top-level ``sitecustomize``; the
+launcher's lives in ``npu_compat/_bootstrap``).  Needs nothing but the stdlib.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from npu_compat import _env
+
+from .conftest import BOOTSTRAP, PROBE, REPO, child_env, last_json, pth_installed, py
+
+# With the wheel installed (the nox sessions), npu_compat.pth runs before any sitecustomize.
+FIRST = ".pth" if pth_installed() else None
+
+
+@pytest.fixture
+def boot() -> Iterator[object]:
+    sys.path.insert(0, str(REPO))
+    try:
+        import _npu_compat_boot
+
+        yield _npu_compat_boot
+    finally:
+        sys.path.remove(str(REPO))
+
+
+def test_the_pre_check_reads_the_names_of_env(boot: object) -> None:
+    b = boot
+    assert b._ENABLE == _env.ENABLE  # type: ignore[attr-defined]
+    assert b._AUTO == _env.AUTO  # type: ignore[attr-defined]
+    assert b._OVERRIDES == (_env.DEVICE, _env.TRINITY_DEVICE)  # type: ignore[attr-defined]
+    assert b._HINTS == (  # type: ignore[attr-defined]
+        _env.SIMULATE,
+        _env.REPORT_DIR,
+        _env.ASCEND_VISIBLE_DEVICES,
+        *_env.ASCEND_TOOLKIT_VARS,
+    )
+    assert set(b._FALSE) == _env.FALSE_VALUES  # type: ignore[attr-defined]
+    assert b.DEV_DIR == _env.DEV_DIR  # type: ignore[attr-defined]
+    assert b._REPORT_DIR == _env.REPORT_DIR  # type: ignore[attr-defined]
+
+
+ENVIRONMENTS = [
+    {},
+    {"NPU_COMPAT_DEVICE": "cuda"},
+    {"NPU_COMPAT_DEVICE": "CPU "},
+    {"NPU_COMPAT_DEVICE": "npu"},
+    {"NPU_COMPAT_DEVICE": "auto", "TRINITY_DEVICE": "npu"},
+    {"NPU_COMPAT_DEVICE": "cpu", "TRINITY_DEVICE": "npu"},
+    {"TRINITY_DEVICE": "cuda", "ASCEND_RT_VISIBLE_DEVICES": "0"},
+    {"ASCEND_RT_VISIBLE_DEVICES": "0,1"},
+    {"ASCEND_HOME_PATH": "/x"},
+    {"ASCEND_TOOLKIT_HOME": "/x"},
+    {"NPU_COMPAT": "0", "NPU_COMPAT_DEVICE": "npu"},
+    {"NPU_COMPAT": "off", "ASCEND_RT_VISIBLE_DEVICES": "0"},
+    {"DAVINCI": "1"},
+    {"DAVINCI": "1", "NPU_COMPAT_DEVICE": "cuda"},
+]
+
+
+@pytest.mark.parametrize(
+    "environ", ENVIRONMENTS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "empty"
+)
+def test_the_pre_check_never_skips_an_npu_decision(
+    boot: object, environ: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    if environ.pop("DAVINCI", None):
+        (dev / "davinci3").touch()
+    monkeypatch.setattr(boot, "DEV_DIR", str(dev))
+    monkeypatch.setattr(_env, "DEV_DIR", str(dev))
+    monkeypatch.setattr(_env, "_torch_npu_findable", lambda: False)
+    monkeypatch.setattr(boot, "_torch_npu_on_path", lambda: False)
+    decision = _env.decide(environ=environ)
+    assert boot.wanted(environ) == decision.is_npu  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", ["gpu", " "])
+def test_a_bad_override_goes_on_so_that_env_can_name_it(boot: object, value: str) -> None:
+    assert boot.wanted({"NPU_COMPAT_DEVICE": value})  # type: ignore[attr-defined]
+
+
+def test_a_report_directory_or_the_simulation_goes_on(boot: object) -> None:
+    assert boot.wanted({"NPU_COMPAT_REPORT_DIR": "/tmp/x"})  # type: ignore[attr-defined]
+    assert boot.wanted({"NPU_COMPAT_SIMULATE": "1"})  # type: ignore[attr-defined]
+    assert not boot.wanted({"NPU_COMPAT_AUTO": "0", "NPU_COMPAT_DEVICE": "npu"})  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("where", ["sitecustomize", "launcher"])
+def test_noop_start_imports_nothing_of_npu_compat(where: str) -> None:
+    pythonpath = [str(REPO)] if where == "sitecustomize" else [str(BOOTSTRAP)]
+    out = last_json(py(PROBE, child_env(pythonpath=pythonpath)))
+    # installed, the launcher's sitecustomize runs the one at the top of site-packages next
+    installed = [FIRST, where, "sitecustomize"] if FIRST and where == "launcher" else [FIRST, where]
+    assert out["triggers"] == [t for t in installed if t]  # type: ignore[index]
+    assert out["started"] is None  # type: ignore[index]
+    assert out["loaded"] == []  # type: ignore[index]
+    assert "PostImportFinder" not in out["finders"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("where", ["sitecustomize", "launcher"])
+def test_npu_start_activates_once(where: str) -> None:
+    pythonpath = [str(REPO)] if where == "sitecustomize" else [str(BOOTSTRAP)]
+    out = last_json(
+        py(
+            PROBE.replace("print(", "import npu_compat; again = npu_compat.activate()\nprint(", 1),
+            child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=pythonpath),
+        )
+    )
+    assert out["started"] == (FIRST or where)  # type: ignore[index]
+    assert out["via"] == out["started"]  # type: ignore[index]
+    assert out["active"]  # type: ignore[index]
+    assert out["finders"].count("PostImportFinder") == 1  # type: ignore[index]
+
+
+def test_the_launcher_bootstrap_imports_npu_compat_from_its_own_tree_not_the_cwd(tmp_path: Path) -> None:
+    fake = tmp_path / "npu_compat"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise SystemExit('the npu_compat of the current directory was imported')\n"
+    )
+    out = last_json(
+        py(
+            PROBE,
+            child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=[str(BOOTSTRAP), str(tmp_path)]),
+            cwd=tmp_path,
+        )
+    )
+    assert out["active"]  # type: ignore[index]
+    assert not str(out["npu_compat_file"]).startswith(str(tmp_path))  # type: ignore[index]
+
+
+@pytest.mark.parametrize("off", [{"NPU_COMPAT": "0"}, {"NPU_COMPAT_AUTO": "0"}])
+def test_off_switches_leave_the_interpreter_untouched(off: dict[str, str]) -> None:
+    out = last_json(
+        py(PROBE, child_env({"NPU_COMPAT_DEVICE": "npu", "ASCEND_RT_VISIBLE_DEVICES": "0", **off}))
+    )
+    assert out["started"] is None and out["loaded"] == []  # type: ignore[index]
+
+
+def test_explicit_activation_still_works_with_auto_off() -> None:
+    out = last_json(
+        py(
+            "import npu_compat; npu_compat.activate()\n" + PROBE,
+            child_env({"NPU_COMPAT_DEVICE": "npu"}, auto=False),
+        )
+    )
+    assert out["active"] and out["started"] is None  # type: ignore[index]
+
+
+USER_SITECUSTOMIZE = """
+import os, sys
+with open(os.environ["USER_SC_LOG"], "a") as f:
+    f.write(f"{os.getpid()} npu_compat_loaded={'npu_compat' in sys.modules}\\n")
+USER_SITECUSTOMIZE_RAN = True
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("where", ["sitecustomize", "launcher"])
+def test_the_users_own_sitecustomize_runs_exactly_once_after_ours(
+    tmp_path: Path, where: str, device: str
+) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    log = tmp_path / "log"
+    ours = str(REPO) if where == "sitecustomize" else str(BOOTSTRAP)
+    env = child_env({"USER_SC_LOG": str(log), "NPU_COMPAT_DEVICE": device}, pythonpath=[ours, str(user)])
+    out = last_json(
+        py(
+            "import sitecustomize\n"
+            "assert sitecustomize.USER_SITECUSTOMIZE_RAN and sitecustomize.__file__.startswith("
+            f"{str(user)!r})\n" + PROBE,
+            env,
+        )
+    )
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0] == f"{out['pid']} npu_compat_loaded={device == 'npu'}"  # type: ignore[index]
+    assert out["active"] == (device == "npu")  # type: ignore[index]
+
+
+def test_launcher_then_top_level_then_users_each_run_once(tmp_path: Path) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    log = tmp_path / "log"
+    env = child_env({"USER_SC_LOG": str(log)}, pythonpath=[str(BOOTSTRAP), str(REPO), str(user)])
+    out = last_json(py(PROBE, env))
+    assert out["triggers"] == [t for t in (FIRST, "launcher", "sitecustomize") if t]  # type: ignore[index]
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_a_failing_user_sitecustomize_is_reported_as_python_would_and_we_stay_active(tmp_path: Path) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("raise RuntimeError('user sitecustomize is broken')\n")
+    proc = py(
+        "import sys\n" + PROBE + "print('sitecustomize' in sys.modules)",
+        child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=[str(BOOTSTRAP), str(user)]),
+    )
+    assert "Error in sitecustomize" in proc.stderr and "user sitecustomize is broken" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "False"
+    import json
+
+    assert json.loads(lines[-2])["active"]
+
+
+def test_a_bad_setting_is_one_line_on_stderr_and_the_interpreter_runs_on() -> None:
+    proc = py("print('alive')", child_env({"NPU_COMPAT_DEVICE": "gpu"}))
+    assert proc.stdout.strip() == "alive"
+    assert proc.stderr.count("npu_compat:") == 1
+    assert "'gpu' is not a device" in proc.stderr and "runs without npu-compat" in proc.stderr
+
+
+SPAWN = """
+import json, multiprocessing as mp, subprocess, sys
+
+def probe(q):
+    import sys
+    boot = sys.modules.get("_npu_compat_boot")
+    eng = sys.modules.get("npu_compat._engine")
+    q.put([getattr(boot, "STARTED", None), bool(eng and eng._state.active), "npu_compat" in sys.modules])
+
+if __name__ == "__main__":
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=probe, args=(q,))
+    p.start()
+    spawned = q.get(timeout=60)
+    p.join(30)
+    code = ("import sys, json; b = sys.modules.get('_npu_compat_boot'); e = sys.modules.get('npu_compat._engine');"
+            "print(json.dumps([getattr(b, 'STARTED', None), bool(e and e._state.active), 'npu_compat' in sys.modules]))")
+    sub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    print(json.dumps({"spawned": spawned, "sub": json.loads(sub.stdout)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"NPU_COMPAT_DEVICE": "npu"}, True),
+        ({"NPU_COMPAT_DEVICE": "npu", "NPU_COMPAT": "0"}, False),
+        ({}, False),
+    ],
+)
+def test_spawn_and_subprocess_children_are_reached(
+    tmp_path: Path, extra: dict[str, str], expected: bool
+) -> None:
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWN)
+    out = last_json(
+        py(
+            f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+            child_env(extra, pythonpath=[str(BOOTSTRAP)]),
+            timeout=120,
+        )
+    )
+    for started, active, loaded in (out["spawned"], out["sub"]):  # type: ignore[index]
+        assert active is expected and loaded is expected
+        assert (started is not None) is expected
+
+
+def test_the_doctor_can_see_how_this_interpreter_was_reached() -> None:
+    out = last_json(
+        py(
+            "import json, sys\nfrom npu_compat import _doctor\n"
+            "d = _doctor.diagnose()\nprint(json.dumps(d.sections['activation']))",
+            child_env(pythonpath=[str(BOOTSTRAP), str(REPO)]),
+        )
+    )
+    assert out["effective"] and out["path"] == (FIRST or "launcher")  # type: ignore[index]
+
+
+def test_bootstrap_costs_the_no_op_path_no_module_of_the_package() -> None:
+    # the one module a no-op start loads is the bootstrap file itself (as sitecustomize)
+    out = last_json(
+        py(
+            "import json, sys; print(json.dumps(sorted(m for m in sys.modules if 'npu' in m)))",
+            child_env(pythonpath=[str(BOOTSTRAP)]),
+        )
+    )
+    assert out == ["_npu_compat_boot"]
+
+
+def test_relative_entries_are_never_searched_for_the_next_sitecustomize(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("raise SystemExit('imported from a relative path')\n")
+    elsewhere = tmp_path / "not-on-the-path" / "sitecustomize.py"
+    proc = py(
+        f"""
+        import sys
+        boot = sys.modules["_npu_compat_boot"]
+        sys.path[:0] = ["", ".", "relative/dir"]
+        boot._chain({str(elsewhere)!r})
+        print("searched", sys.modules["sitecustomize"].__file__)
+        """,
+        child_env(pythonpath=[str(BOOTSTRAP)]),
+        cwd=tmp_path,
+    )
+    assert proc.stdout.startswith("searched") and str(tmp_path) not in proc.stdout
