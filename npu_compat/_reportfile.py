@@ -1,0 +1,220 @@
+"""The per-process report file: one JSON file per activated process in ``NPU_COMPAT_REPORT_DIR``.
+
+Written when the process is activated and rewritten whenever a patch changes
+status or the process learns its role (Ray driver, Ray actor, vLLM process), each
+time atomically (a temporary file, then ``os.replace``): Ray workers are often
+killed with SIGKILL, so nothing waits for ``atexit``.  The file is named
+``<host>-<pid>.json``; ``python -m npu_compat doctor --reports DIR`` reads them all.
+
+Nothing from the environment is written but ``NPU_COMPAT*`` and the device
+variables of :data:`npu_compat._env.DEVICE_VARS`, and of the command line only the
+program's name: no arguments, no secrets.
+"""
+
+import _thread
+import os
+import sys
+
+from . import _env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+SCHEMA = 1
+
+_attached = False
+_last: "str | None" = None
+_role: "str | None" = None
+_actor_class: "str | None" = None
+_failed = False
+
+
+def attach() -> None:
+    """Write this process's report now and again whenever a patch status changes.  Idempotent."""
+    global _attached
+    _attached = True
+    engine = sys.modules.get("npu_compat._engine")
+    if engine is not None and write not in engine.LISTENERS:
+        engine.LISTENERS.append(write)
+    write()
+
+
+def set_role(role: str, *, actor_class: "str | None" = None) -> None:
+    """Name what this process is (``ray-driver``, ``vllm (EngineCore_DP0)``…) and rewrite the report."""
+    global _role, _actor_class
+    _role = role
+    _actor_class = actor_class or _actor_class
+    if _attached:
+        write()
+
+
+def forget() -> None:
+    """Remove this process's report and stop writing it (before an exec into another program)."""
+    global _attached, _last
+    target = path()
+    _attached = False
+    _last = None
+    engine = sys.modules.get("npu_compat._engine")
+    if engine is not None and write in engine.LISTENERS:
+        engine.LISTENERS.remove(write)
+    if target is not None:
+        try:
+            os.remove(target)
+        except OSError:
+            pass
+
+
+def path(directory: str | None = None) -> "str | None":
+    directory = directory or os.environ.get(_env.REPORT_DIR)
+    if not directory:
+        return None
+    return os.path.join(directory, f"{_host()}-{os.getpid()}.json")
+
+
+def write() -> None:
+    """Rewrite the report if anything in it changed.  Never raises; a failure is warned about once."""
+    global _last, _failed
+    target = path()
+    if target is None or not _attached:
+        return
+    import json
+
+    record = build()
+    text = json.dumps(record, indent=1)
+    if text == _last:
+        return
+    record["updated"] = _now()
+    # one temporary file per thread: no lock, which could deadlock against the engine's
+    temp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{_thread.get_ident()}.tmp")
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(temp, "w", encoding="utf-8") as out:
+            json.dump(record, out, indent=1)
+            out.write("\n")
+        os.replace(temp, target)
+    except OSError as exc:
+        if not _failed:
+            _failed = True
+            import warnings
+
+            from ._errors import NpuCompatWarning
+
+            warnings.warn(
+                f"npu_compat: cannot write the report file {target}: {exc}; check {_env.REPORT_DIR}",
+                NpuCompatWarning,
+                stacklevel=2,
+            )
+        return
+    _last = text
+
+
+def build() -> "dict[str, object]":
+    """This process's report as a JSON-ready dict (without the ``updated`` time)."""
+    import npu_compat
+
+    from . import _boot
+
+    rep = npu_compat.report()
+    patches = [{k: r[k] for k in ("id", "target", "status", "reason", "installed", "versions")} for r in rep]
+    counts: dict[str, int] = {}
+    for p in patches:
+        counts[str(p["status"])] = counts.get(str(p["status"]), 0) + 1
+    boot = sys.modules.get("_npu_compat_boot")
+    ray = _ray_identity()
+    return {
+        "schema": SCHEMA,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": _host(),
+        "program": program(),
+        "role": _role or _guess_role(ray),
+        "ray": ray,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "npu_compat": npu_compat.__version__,
+        "activated_by": _boot.VIA or "activate()",
+        "triggers": list(getattr(boot, "TRIGGERS", [])),
+        "decision": rep.decision,
+        "environment": environment(),
+        "counts": counts,
+        "patches": patches,
+    }
+
+
+def environment(environ: "Mapping[str, str] | None" = None) -> "dict[str, str]":
+    """The ``NPU_COMPAT*`` and device variables of ``environ``: the only values a report may hold."""
+    env = os.environ if environ is None else environ
+    keep = set(_env.DEVICE_VARS)
+    return {k: env[k] for k in sorted(env) if k.startswith(_env.PREFIX) or k in keep}
+
+
+def program(argv: "list[str] | None" = None) -> str:
+    """The program this process runs, by name only: ``python -m pytest``, ``ray``, ``python train.py``."""
+    args: list[str] = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    if not args:
+        return "?"
+    exe = os.path.basename(args[0])
+    rest = args[1:]
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+        # interpreter options (-u, -X dev, -W error …) say nothing about the program
+        rest = rest[2:] if rest[0] in ("-X", "-W", "--check-hash-based-pycs") else rest[1:]
+    if not rest:
+        return exe
+    if rest[0] == "-m" and len(rest) > 1:
+        return f"{exe} -m {rest[1]}"
+    if rest[0] == "-c":
+        return f"{exe} -c" + (" (multiprocessing)" if "--multiprocessing-fork" in rest else "")
+    return f"{exe} {os.path.basename(rest[0])}"
+
+
+def _guess_role(ray: "dict[str, object] | None") -> str:
+    if ray is not None:
+        if ray.get("mode") == "worker":
+            return "ray-actor" if ray.get("actor_id") else "ray-worker"
+        return "ray-driver"
+    args = getattr(sys, "orig_argv", sys.argv)
+    if any(os.path.basename(a) == "default_worker.py" for a in args[:3]):
+        return "ray-worker"
+    if "--multiprocessing-fork" in args:
+        return "multiprocessing-child"
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None:
+        name = mp.current_process().name
+        if name != "MainProcess":
+            return f"multiprocessing-child ({name})"
+    return "main"
+
+
+def _ray_identity() -> "dict[str, object] | None":
+    """Mode, job, actor id and name of this Ray process, if Ray is connected here."""
+    worker_mod = sys.modules.get("ray._private.worker")
+    if worker_mod is None:
+        return None
+    try:
+        worker = worker_mod.global_worker
+        if not worker.connected:
+            return None
+        info: dict[str, object] = {
+            "mode": "worker" if worker.mode == worker_mod.WORKER_MODE else "driver",
+            "job_id": worker.current_job_id.hex(),
+        }
+        if worker.mode == worker_mod.WORKER_MODE:
+            actor_id = worker.actor_id
+            if not actor_id.is_nil():
+                info["actor_id"] = actor_id.hex()
+                info["actor_name"] = worker.actor_name or None
+                info["actor_class"] = _actor_class
+        return info
+    except Exception:  # noqa: BLE001 - Ray internals: describe what can be read, never fail
+        return None
+
+
+def _host() -> str:
+    return os.uname().nodename if hasattr(os, "uname") else "host"
+
+
+def _now() -> float:
+    import time
+
+    return round(time.time(), 3)
