@@ -1,22 +1,26 @@
-"""Command line: ``python -m npu_compat report [--json] [--device D]``.
+"""Command line: the launcher, ``report`` and ``doctor``.
 
-``report`` activates npu-compat in this interpreter and prints the device decision,
-its evidence and every patch with its status and reason.
+    python -m npu_compat [--device D] [--strict] [--report-dir DIR] [--] COMMAND [ARGS...]
+    python -m npu_compat report [--json] [--device D]
+    python -m npu_compat doctor [--json] [--reports DIR]
+
+(``npu-compat`` is the same as a console script.)  ``report`` activates npu-compat in
+this interpreter and prints the device decision, its evidence and every patch with
+its status and reason.  ``doctor`` checks this environment without importing any
+patch target.  Anything else is a command for the launcher (:mod:`._launcher`); a
+command named ``report`` or ``doctor`` goes after ``--``.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
 import sys
-
-from . import activate, report
-from ._errors import ConfigError
 
 
 def _print_report(as_json: bool) -> None:
+    from . import report
+
     rep = report()
     if as_json:
+        import json
+
         print(json.dumps(rep.to_dict(), indent=2))
         return
     decision = rep.decision
@@ -32,12 +36,18 @@ def _print_report(as_json: bool) -> None:
         print(line + (f"\n  {'':{width}}  {'':8s}  -> {rec['reason']}" if rec["reason"] else ""))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m npu_compat", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="activate here and print the device decision and every patch")
-    rep.add_argument("--json", action="store_true", help="machine-readable output")
-    rep.add_argument("--device", choices=["npu", "cuda", "cpu", "auto"], default=None)
+def report_main(argv: "list[str]") -> int:
+    import argparse
+
+    from . import activate
+    from ._errors import ConfigError
+
+    parser = argparse.ArgumentParser(
+        prog="python -m npu_compat report",
+        description="activate npu-compat here and print the device decision and every patch",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--device", choices=["npu", "cuda", "cpu", "auto"], default=None)
     args = parser.parse_args(argv)
     try:
         activate(args.device)
@@ -46,6 +56,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _print_report(args.json)
     return 0
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "report":
+        return report_main(args[1:])
+    if args and args[0] == "doctor":
+        from . import _doctor
+
+        return _doctor.main(args[1:])
+    from . import _launcher
+
+    return _launcher.main(args)
 
 
 if __name__ == "__main__":
