@@ -1,0 +1,504 @@
+"""``python -m npu_compat doctor [--json] [--reports DIR]``: will npu-compat work here, and if not, why.
+
+Checks this environment without importing any patch target: the device decision
+and its evidence; each target distribution's installed version against the ranges
+its patches support; each patch's plan (would apply, or skipped and why); whether
+automatic activation reaches this interpreter and by which path; the Ascend
+environment (visible devices, toolkit, torch_npu autoload); and, with ``--reports``,
+which patches applied in which process of a run.
+
+Every problem that would break a run is an ``error`` with the fix in its message, and
+makes the exit status 1; ``warning`` and ``note`` lines never do.  A bad command line
+exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from . import __version__, _env
+from ._errors import ConfigError
+from ._spec import PatchSpec
+
+OUT_OF_SCOPE = (
+    "SGLang, Megatron and `trinity perf` (NVML) are out of scope: npu-compat does not patch them, "
+    "and a run that uses them on Ascend is not covered"
+)
+
+
+@dataclass
+class Finding:
+    level: str  # "error" (breaks a run; exit 1), "warning" or "note"
+    message: str
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding] = field(default_factory=list)
+    sections: dict[str, object] = field(default_factory=dict)
+
+    def add(self, level: str, message: str) -> None:
+        self.findings.append(Finding(level, message))
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == "error" for f in self.findings)
+
+
+# -- the device decision ------------------------------------------------------------------
+
+
+def check_decision(d: Diagnosis, environ: dict[str, str]) -> _env.Decision | None:
+    try:
+        decision = _env.decide(environ=environ)
+    except ConfigError as exc:
+        d.add("error", f"{exc} (fix the variable, or unset it to detect the device)")
+        d.sections["decision"] = {"device": None, "source": "invalid setting", "evidence": []}
+        return None
+    d.sections["decision"] = decision.as_dict()
+    return decision
+
+
+# -- versions and patch plans ---------------------------------------------------------------
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _in_range(installed: str, versions: str) -> bool:
+    from ._engine import version_in_range
+
+    return version_in_range(installed, versions)
+
+
+def _ships_module(distribution: str, module: str) -> bool:
+    """Whether the installed ``distribution`` has ``module``'s file (read from its RECORD, not imported)."""
+    try:
+        files = metadata.files(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    if files is None:
+        return True  # no RECORD: cannot tell, assume it does
+    stem = module.replace(".", "/")
+    wanted = {f"{stem}.py", f"{stem}/__init__.py"}
+    return any(str(f) in wanted for f in files)
+
+
+def check_targets(
+    d: Diagnosis, specs: tuple[PatchSpec, ...], decision: _env.Decision | None
+) -> dict[str, str | None]:
+    by_dist: dict[str, list[str]] = {}
+    for spec in specs:
+        ranges = by_dist.setdefault(spec.distribution, [])
+        if spec.versions not in ranges:
+            ranges.append(spec.versions)
+    rows = []
+    installed: dict[str, str | None] = {}
+    for dist, ranges in sorted(by_dist.items()):
+        version = installed[dist] = _installed(dist)
+        covered = version is not None and any(_in_range(version, r) for r in ranges)
+        verdict = "not installed" if version is None else ("supported" if covered else "UNSUPPORTED")
+        rows.append({"distribution": dist, "installed": version, "ranges": ranges, "verdict": verdict})
+        if verdict == "UNSUPPORTED":
+            d.add(
+                "error" if decision is not None and decision.is_npu else "note",
+                f"{dist} {version} is outside every range npu-compat supports ({', '.join(ranges)}): on "
+                f"Ascend none of its patches apply. Fix: install a supported {dist}, or upgrade npu-compat",
+            )
+    d.sections["targets"] = rows
+    return installed
+
+
+def check_plans(
+    d: Diagnosis,
+    specs: tuple[PatchSpec, ...],
+    installed: dict[str, str | None],
+    decision: _env.Decision | None,
+    environ: dict[str, str],
+) -> None:
+    raw = environ.get(_env.DISABLE, "")
+    disabled = {p.strip() for p in raw.split(",") if p.strip()}
+    known = {s.id for s in specs}
+    unknown = sorted(disabled - known - {"*"})
+    if unknown:
+        d.add("warning", f"{_env.DISABLE} names unknown patch ids {', '.join(unknown)}")
+    plans = []
+    unsupported: dict[str, list[str]] = {}
+    for spec in specs:
+        version = installed.get(spec.distribution)
+        if spec.id in disabled or "*" in disabled:
+            plan, why = "skip", f"disabled by {_env.DISABLE}"
+        elif version is None:
+            plan, why = "skip", f"{spec.distribution} is not installed: nothing to patch"
+        elif not _in_range(version, spec.versions):
+            plan, why = "skip", f"{spec.distribution} {version} is outside {spec.versions!r}"
+            unsupported.setdefault(spec.target, []).append(spec.versions)
+        elif spec.condition is not None:
+            plan = "would apply"
+            why = f"when {spec.module} is imported, unless {spec.condition} says otherwise"
+        else:
+            plan, why = "would apply", f"when {spec.module} is imported"
+        plans.append({"id": spec.id, "target": spec.target, "plan": plan, "why": why})
+    targets = d.sections.get("targets")
+    rows = targets if isinstance(targets, list) else []
+    supported_dists = {t["distribution"] for t in rows if t["verdict"] == "supported"}
+    for spec in specs:
+        version = installed.get(spec.distribution)
+        if spec.target not in unsupported or version is None or spec.distribution not in supported_dists:
+            continue  # a wholly unsupported distribution is reported once, by check_targets
+        siblings = [s.versions for s in specs if s.target == spec.target]
+        if not any(_in_range(version, r) for r in siblings) and _ships_module(spec.distribution, spec.module):
+            # what the engine warns about once the module is imported (this layout may be patched elsewhere)
+            ranges = ", ".join(repr(r) for r in siblings)
+            d.add(
+                "warning",
+                f"{spec.distribution} {version} ships {spec.module}, but no npu-compat patch for "
+                f"{spec.target} supports this version ({ranges}); if that code runs on Ascend, "
+                "it runs unpatched",
+            )
+        unsupported.pop(spec.target)
+    d.sections["plans"] = plans
+    if decision is not None and not decision.is_npu:
+        d.add(
+            "note",
+            f"the device decision is {decision.device!r}: nothing is patched on this host; "
+            "the plan above is what an Ascend host with these packages would get",
+        )
+
+
+# -- automatic activation -----------------------------------------------------------------------
+
+
+def _site_dirs() -> list[str]:
+    import site
+
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return dirs
+
+
+def _same(a: str, b: str) -> bool:
+    return bool(a) and os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def check_activation(d: Diagnosis, decision: _env.Decision | None, environ: dict[str, str]) -> None:
+    boot = sys.modules.get("_npu_compat_boot")
+    triggers: list[str] = list(getattr(boot, "TRIGGERS", []))
+    started = getattr(boot, "STARTED", None)
+    pth = [os.path.join(s, "npu_compat.pth") for s in _site_dirs()]
+    pth_found = [p for p in pth if os.path.isfile(p)]
+    from ._launcher import BOOTSTRAP
+
+    ours_on_path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if _same(p, BOOTSTRAP)]
+    sc = sys.modules.get("sitecustomize")
+    sc_file = getattr(sc, "__file__", None)
+    path = triggers[0] if triggers else "none"
+    info = {
+        "effective": bool(triggers),
+        "path": path,
+        "triggers": triggers,
+        "started_by": started,
+        "pth_files": pth_found,
+        "launcher_bootstrap_on_pythonpath": ours_on_path,
+        "sitecustomize": sc_file,
+        "disabled_by": next(
+            (f"{n}={environ[n]}" for n in (_env.ENABLE, _env.AUTO) if _env.is_false(environ.get(n))), None
+        ),
+    }
+    d.sections["activation"] = info
+    if info["disabled_by"]:
+        d.add("warning", f"activation at interpreter start is off ({info['disabled_by']})")
+        return
+    if triggers:
+        return
+    level = "error" if decision is not None and decision.is_npu else "note"
+    d.add(
+        level,
+        "automatic activation does not reach this interpreter (no npu_compat.pth in "
+        f"{' or '.join(_site_dirs()) or 'a site directory'}, no npu-compat sitecustomize, not started "
+        "by the launcher): Ray workers and vLLM processes would run unpatched. Fix: reinstall "
+        "npu-compat into this environment (`pip install --force-reinstall npu-compat`), or start every "
+        "command through `npu-compat ...` (e.g. `npu-compat ray start --head`, `npu-compat trinity run ...`)",
+    )
+
+
+def check_seams(d: Diagnosis, decision: _env.Decision | None, environ: dict[str, str]) -> None:
+    try:
+        plugins = [
+            ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "npu_compat"
+        ]
+    except Exception:  # noqa: BLE001 - broken metadata elsewhere must not stop the doctor
+        plugins = []
+    allowed = environ.get(_env.VLLM_PLUGINS)
+    d.sections["vllm_plugin"] = {
+        "registered": bool(plugins),
+        "vllm_plugins": allowed,
+    }
+    if _installed("vllm") is None:
+        return
+    if not plugins:
+        d.add(
+            "warning",
+            "vLLM is installed but npu-compat's vllm.general_plugins entry point is not registered "
+            "(npu-compat runs from a checkout?): vLLM worker processes rely on the .pth alone. Fix: "
+            "`pip install` npu-compat",
+        )
+    elif allowed is not None and "npu_compat" not in [p.strip() for p in allowed.split(",")]:
+        d.add(
+            "error" if decision is not None and decision.is_npu else "warning",
+            f"{_env.VLLM_PLUGINS}={allowed!r} leaves out npu-compat's vLLM plugin. "
+            f"Fix: add it: {_env.VLLM_PLUGINS}={allowed},npu_compat",
+        )
+
+
+# -- the Ascend environment -----------------------------------------------------------------------
+
+
+def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str, str]) -> None:
+    checks: list[dict[str, str]] = []
+    on_npu = decision is not None and decision.is_npu
+
+    def record(name: str, status: str, detail: str) -> None:
+        checks.append({"check": name, "status": status, "detail": detail})
+
+    visible = environ.get(_env.ASCEND_VISIBLE_DEVICES)
+    if visible is None:
+        record(_env.ASCEND_VISIBLE_DEVICES, "ok", "unset (all devices visible)")
+    else:
+        problem = visible_devices_problem(visible)
+        if problem is None:
+            record(_env.ASCEND_VISIBLE_DEVICES, "ok", visible)
+        else:
+            record(_env.ASCEND_VISIBLE_DEVICES, "bad", problem)
+            d.add("error" if on_npu else "warning", f"{_env.ASCEND_VISIBLE_DEVICES}={visible!r}: {problem}")
+    toolkit = [(n, environ[n]) for n in _env.ASCEND_TOOLKIT_VARS if environ.get(n)]
+    if toolkit:
+        name, value = toolkit[0]
+        if os.path.isdir(value):
+            record("CANN toolkit", "ok", f"{name}={value}")
+        else:
+            record("CANN toolkit", "bad", f"{name}={value} is not a directory")
+            d.add(
+                "error" if on_npu else "warning",
+                f"{name}={value} is not a directory: torch_npu cannot load the CANN libraries. "
+                "Fix: source the toolkit's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh)",
+            )
+    else:
+        record("CANN toolkit", "missing" if on_npu else "n/a", "no ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH")
+        if on_npu:
+            d.add(
+                "error",
+                "the CANN toolkit environment is not sourced (neither ASCEND_TOOLKIT_HOME nor "
+                "ASCEND_HOME_PATH is set): torch_npu will not load. Fix: "
+                "`source /usr/local/Ascend/ascend-toolkit/set_env.sh` (or your toolkit's set_env.sh) "
+                "before starting Ray and the job",
+            )
+    autoload = environ.get(_env.TORCH_AUTOLOAD)
+    if _env.is_false(autoload):
+        record(_env.TORCH_AUTOLOAD, "bad", f"{autoload} (torch_npu is not loaded by `import torch`)")
+        d.add(
+            "error" if on_npu else "warning",
+            f"{_env.TORCH_AUTOLOAD}={autoload} stops `import torch` from loading torch_npu, so torch.npu "
+            f"and the hccl backend are missing in upstream code. Fix: unset {_env.TORCH_AUTOLOAD}",
+        )
+    else:
+        record(_env.TORCH_AUTOLOAD, "ok", "not 0 (torch_npu loads with torch)")
+    d.sections["ascend"] = checks
+
+
+def visible_devices_problem(value: str) -> str | None:
+    """What is wrong with an ``ASCEND_RT_VISIBLE_DEVICES`` value, or None."""
+    items = [p.strip() for p in value.split(",")]
+    if not value.strip() or any(not p for p in items):
+        return "an empty entry; Fix: a comma-separated list of device numbers such as 0,1,2,3"
+    if not all(p.isdigit() for p in items):
+        bad = [p for p in items if not p.isdigit()]
+        return f"{', '.join(repr(b) for b in bad)} is not a device number. Fix: use numbers such as 0,1,2,3"
+    numbers = [int(p) for p in items]
+    if len(set(numbers)) != len(numbers):
+        return "a device is listed twice. Fix: list each device once"
+    if numbers != sorted(numbers):
+        fixed = ",".join(str(n) for n in sorted(numbers))
+        return f"not in ascending order, which reorders device indices. Fix: {fixed}"
+    return None
+
+
+# -- per-process reports ------------------------------------------------------------------------
+
+
+def read_reports(directory: str) -> list[dict[str, object]]:
+    reports = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "pid" in data:
+            reports.append(data)
+    reports.sort(key=lambda r: (str(r.get("host")), float(r.get("updated") or 0), int(r.get("pid") or 0)))
+    return reports
+
+
+def check_reports(d: Diagnosis, directory: str) -> None:
+    if not os.path.isdir(directory):
+        d.add("error", f"--reports {directory}: no such directory")
+        return
+    reports = read_reports(directory)
+    d.sections["reports"] = reports
+    if not reports:
+        d.add("warning", f"no report files in {directory} (was {_env.REPORT_DIR} set for the run?)")
+        return
+    devices = {str((r.get("decision") or {}).get("device")) for r in reports}  # type: ignore[attr-defined]
+    if "npu" in devices and len(devices) > 1:
+        others = sorted(devices - {"npu"})
+        d.add(
+            "warning",
+            f"processes of this run decided differently ({', '.join(sorted(devices))}): the ones that "
+            f"decided {', '.join(others)} ran unpatched (see each report's decision.evidence)",
+        )
+    for r in reports:
+        for p in r.get("patches") or []:  # type: ignore[attr-defined]
+            if p.get("status") == "failed":
+                d.add(
+                    "error",
+                    f"pid {r.get('pid')} ({r.get('role')}): patch {p.get('id')} failed: {p.get('reason')}",
+                )
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) -> Diagnosis:
+    from ._catalog import SPECS
+
+    env = dict(os.environ if environ is None else environ)
+    d = Diagnosis()
+    d.sections["npu_compat"] = __version__
+    d.sections["python"] = f"{sys.version.split()[0]} ({sys.executable})"
+    decision = check_decision(d, env)
+    installed = check_targets(d, SPECS, decision)
+    check_plans(d, SPECS, installed, decision, env)
+    check_activation(d, decision, env)
+    check_seams(d, decision, env)
+    check_ascend(d, decision, env)
+    if reports is not None:
+        check_reports(d, reports)
+    d.add("note", OUT_OF_SCOPE)
+    return d
+
+
+def render(d: Diagnosis) -> str:
+    s = d.sections
+    lines = [f"npu-compat {s['npu_compat']} doctor -- python {s['python']}", ""]
+    decision = s["decision"]
+    assert isinstance(decision, dict)
+    lines.append(f"device decision: {decision['device']}  ({decision['source']})")
+    lines += [f"  evidence: {e}" for e in decision["evidence"]]
+    act = s["activation"]
+    assert isinstance(act, dict)
+    if act["effective"]:
+        also = f" (then {', '.join(act['triggers'][1:])})" if len(act["triggers"]) > 1 else ""
+        started = "it started npu-compat" if act["started_by"] else "nothing to start here (no Ascend hint)"
+        reach = f"reaches this interpreter by {act['path']}{also}; {started}"
+    else:
+        reach = "does not reach this interpreter"
+    lines += ["", f"automatic activation: {reach}"]
+    lines.append(f"  npu_compat.pth: {', '.join(act['pth_files']) or 'not in any site directory'}")
+    lines.append(f"  sitecustomize: {act['sitecustomize'] or 'none'}")
+    lines.append(
+        f"  launcher bootstrap on PYTHONPATH: {'yes' if act['launcher_bootstrap_on_pythonpath'] else 'no'}"
+    )
+    vllm = s["vllm_plugin"]
+    assert isinstance(vllm, dict)
+    lines.append(f"  vLLM plugin entry point: {'registered' if vllm['registered'] else 'not registered'}")
+    lines += ["", "Ascend environment:"]
+    for c in s["ascend"]:  # type: ignore[attr-defined]
+        lines.append(f"  {c['status']:7s} {c['check']}: {c['detail']}")
+    lines += ["", "target distributions:"]
+    for t in s["targets"]:  # type: ignore[attr-defined]
+        ranges = ", ".join(t["ranges"])
+        lines.append(f"  {t['distribution']:14s} {t['installed'] or '-':14s} {t['verdict']:13s} {ranges}")
+    lines += ["", "patch plan (nothing imported):"]
+    plans = s["plans"]
+    assert isinstance(plans, list)
+    width = max((len(p["id"]) for p in plans), default=10)
+    for p in plans:
+        lines.append(f"  {p['id']:{width}s}  {p['plan']:11s}  {p['why']}")
+    if "reports" in s:
+        lines += ["", *render_reports(s["reports"])]  # type: ignore[arg-type]
+    lines.append("")
+    for f in d.findings:
+        lines.append(f"{f.level}: {f.message}")
+    errors = sum(f.level == "error" for f in d.findings)
+    lines.append("")
+    lines.append(
+        "OK: nothing found that would break a run" if not errors else f"{errors} problem(s) would break a run"
+    )
+    return "\n".join(lines)
+
+
+_MARK = {"applied": "A", "failed": "F", "skipped": "s", "pending": "."}
+
+
+def render_reports(reports: list[dict[str, object]]) -> list[str]:
+    """The processes of a run, then a patch x process table (A applied, F failed, s skipped, . pending)."""
+    if not reports:
+        return ["reports: none"]
+    lines = [f"processes ({len(reports)} reports):"]
+    lines.append(f"  {'#':>3}  {'host':12s} {'pid':>7}  {'device':6s} {'activated by':15s} role / program")
+    for i, r in enumerate(reports, 1):
+        ray = r.get("ray") or {}
+        actor = ray.get("actor_name") or ray.get("actor_class")  # type: ignore[attr-defined]
+        role = str(r.get("role")) + (f" {actor}" if actor else "")
+        device = (r.get("decision") or {}).get("device")  # type: ignore[attr-defined]
+        lines.append(
+            f"  {i:>3}  {str(r.get('host'))[:12]:12s} {r.get('pid')!s:>7}  {device!s:6s} "
+            f"{r.get('activated_by')!s:15s} {role} / {r.get('program')}"
+        )
+    ids: list[str] = []
+    for r in reports:
+        for p in r.get("patches") or []:  # type: ignore[attr-defined]
+            if p["id"] not in ids:
+                ids.append(p["id"])
+    width = max((len(i) for i in ids), default=5)
+    lines += ["", "patches x processes (A applied, F failed, s skipped, . pending, blank unknown):"]
+    lines.append(f"  {'':{width}s}  " + " ".join(f"{i % 100:>2}" for i in range(1, len(reports) + 1)))
+    for pid in ids:
+        cells = []
+        for r in reports:
+            status = next((p["status"] for p in r.get("patches") or [] if p["id"] == pid), None)  # type: ignore[attr-defined]
+            cells.append(f"{_MARK.get(str(status), ' '):>2}")
+        lines.append(f"  {pid:{width}s}  " + " ".join(cells))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m npu_compat doctor",
+        description="check whether npu-compat will work in this environment (imports no patch target)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--reports", metavar="DIR", help=f"read the per-process reports of a run ({_env.REPORT_DIR})"
+    )
+    args = parser.parse_args(argv)
+    d = diagnose(args.reports)
+    if args.json:
+        out = {**d.sections, "findings": [f.__dict__ for f in d.findings], "ok": d.ok}
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(render(d))
+    return 0 if d.ok else 1

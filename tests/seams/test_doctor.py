@@ -1,0 +1,141 @@
+"""``python -m npu_compat doctor``: what would break a run, with the fix; no patch target imported."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from npu_compat import PatchSpec, _doctor, _env
+
+from .conftest import child_env, last_json, py, run
+
+DOCTOR = [sys.executable, "-m", "npu_compat", "doctor"]
+
+
+def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
+    proc = run(DOCTOR, child_env())
+    assert proc.returncode == 0
+    assert "device decision: cpu" in proc.stdout
+    assert "SGLang, Megatron and `trinity perf`" in proc.stdout
+    out = last_json(
+        py(
+            "import json, sys\nfrom npu_compat import _doctor\n_doctor.diagnose()\n"
+            "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))",
+            child_env({"NPU_COMPAT_DEVICE": "npu"}),
+        )
+    )
+    for target in ("torch", "ray", "vllm", "trinity", "verl", "wrapt"):
+        assert target not in out  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("env", "fragments"),
+    [
+        ({"ASCEND_RT_VISIBLE_DEVICES": "1,0"}, ["not in ascending order", "Fix: 0,1"]),
+        ({"ASCEND_RT_VISIBLE_DEVICES": "0,,1"}, ["an empty entry"]),
+        ({"ASCEND_RT_VISIBLE_DEVICES": "0,x"}, ["'x' is not a device number"]),
+        ({"ASCEND_RT_VISIBLE_DEVICES": "0,0"}, ["listed twice"]),
+        ({"NPU_COMPAT_DEVICE": "npu"}, ["CANN toolkit environment is not sourced", "set_env.sh"]),
+        ({"ASCEND_TOOLKIT_HOME": "/nonexistent/Ascend"}, ["is not a directory"]),
+        (
+            {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NPU_COMPAT_DEVICE": "npu"},
+            ["unset TORCH_DEVICE_BACKEND_AUTOLOAD"],
+        ),
+        ({"NPU_COMPAT_DEVICE": "gpu"}, ["'gpu' is not a device"]),
+    ],
+)
+def test_what_would_break_a_run_exits_1_with_the_fix(
+    env: dict[str, str], fragments: list[str], tmp_path: Path
+) -> None:
+    proc = run(DOCTOR, child_env(env), check=False)
+    assert proc.returncode == 1, proc.stdout
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+    assert errors
+    for fragment in fragments:
+        assert any(fragment in e for e in errors), (fragment, errors)
+
+
+def test_a_healthy_simulated_ascend_host_passes(tmp_path: Path) -> None:
+    toolkit = tmp_path / "Ascend"
+    toolkit.mkdir()
+    env = child_env({"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)})
+    proc = run([*DOCTOR, "--json"], env, check=False)
+    out = json.loads(proc.stdout)
+    assert out["decision"]["device"] == "npu"
+    assert out["activation"]["effective"]
+    assert out["ok"] and proc.returncode == 0, out["findings"]
+    assert {c["status"] for c in out["ascend"]} == {"ok"}
+
+
+def test_no_automatic_activation_on_an_npu_host_is_an_error(tmp_path: Path) -> None:
+    # python -S: no site, so neither the .pth nor a sitecustomize can run
+    toolkit = tmp_path / "Ascend"
+    toolkit.mkdir()
+    env = child_env({"ASCEND_RT_VISIBLE_DEVICES": "0", "ASCEND_TOOLKIT_HOME": str(toolkit)})
+    proc = run([sys.executable, "-S", "-m", "npu_compat", "doctor"], env, check=False)
+    assert proc.returncode == 1
+    assert "automatic activation does not reach this interpreter" in proc.stdout
+    assert "npu-compat ray start --head" in proc.stdout
+
+
+def _report(pid: int, role: str, statuses: dict[str, str], device: str = "npu") -> dict[str, object]:
+    return {
+        "schema": 1,
+        "pid": pid,
+        "host": "node1",
+        "role": role,
+        "program": "python x.py",
+        "activated_by": ".pth",
+        "ray": {"mode": "worker", "actor_name": "explorer"} if role == "ray-actor" else None,
+        "decision": {"device": device, "source": "auto", "evidence": []},
+        "updated": 1.0 + pid,
+        "patches": [
+            {"id": k, "status": v, "reason": "why not" if v == "failed" else ""} for k, v in statuses.items()
+        ],
+    }
+
+
+def test_reports_become_a_process_by_patch_table(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for rep in (
+        _report(11, "ray-driver", {"p.one": "applied", "p.two": "pending"}),
+        _report(12, "ray-actor", {"p.one": "applied", "p.two": "failed"}),
+        _report(13, "main", {"p.one": "skipped", "p.two": "skipped"}, device="cpu"),
+    ):
+        (reports / f"node1-{rep['pid']}.json").write_text(json.dumps(rep))
+    (reports / ".node1-14.json.1.tmp").write_text("{not json")
+    proc = run([*DOCTOR, "--reports", str(reports)], child_env(), check=False)
+    assert proc.returncode == 1
+    assert "processes (3 reports)" in proc.stdout
+    assert "ray-actor explorer" in proc.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("  p.")}
+    assert rows == {"p.one": ["A", "A", "s"], "p.two": [".", "F", "s"]}
+    assert "error: pid 12 (ray-actor): patch p.two failed: why not" in proc.stdout
+    assert "decided differently (cpu, npu)" in proc.stdout
+
+
+def test_visible_devices_rules() -> None:
+    assert _doctor.visible_devices_problem("0,1,2,3") is None
+    assert _doctor.visible_devices_problem("4, 5") is None
+    assert _doctor.visible_devices_problem("") is not None
+    assert _doctor.visible_devices_problem("3,1") is not None
+
+
+def test_an_unknown_option_exits_2() -> None:
+    assert run([*DOCTOR, "--bogus"], child_env(), check=False).returncode == 2
+
+
+def test_an_unsupported_distribution_is_an_error_on_npu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_doctor, "_installed", lambda dist: "9.0")
+    spec = PatchSpec("x.f", "xpkg.mod:f", distribution="xpkg", versions=">=1,<2", why="t", wrapper="a:b")
+    d = _doctor.Diagnosis()
+    _doctor.check_targets(d, (spec,), _env.Decision("npu", "test"))
+    assert [f.level for f in d.findings] == ["error"]
+    assert "xpkg 9.0 is outside every range" in d.findings[0].message and "Fix:" in d.findings[0].message
+    d = _doctor.Diagnosis()
+    _doctor.check_targets(d, (spec,), _env.Decision("cpu", "test"))
+    assert [f.level for f in d.findings] == ["note"]
