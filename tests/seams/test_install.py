@@ -113,3 +113,36 @@ def test_the_console_script_launches(venv: Path) -> None:
         )
     )
     assert out["active"] and out["triggers"] == [".pth", "launcher", "sitecustomize"]  # type: ignore[index]
+
+
+def test_a_wheel_built_from_the_sdist_still_ships_the_pth(tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("needs uv on PATH")
+    sdist = subprocess.run(
+        [uv, "build", "-q", "--offline", "--sdist", "-o", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if sdist.returncode != 0:
+        pytest.skip(f"cannot build offline: {sdist.stderr.strip()[-300:]}")
+    (archive,) = tmp_path.glob("*.tar.gz")
+    wheel = subprocess.run(
+        [uv, "build", "-q", "--offline", "--wheel", "-o", str(tmp_path), str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert wheel.returncode == 0, wheel.stderr
+    import zipfile
+
+    (built,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(built).namelist()
+    for top in (
+        "npu_compat.pth",
+        "_npu_compat_boot.py",
+        "sitecustomize.py",
+        "npu_compat/_bootstrap/sitecustomize.py",
+    ):
+        assert top in names
