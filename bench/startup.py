@@ -1,15 +1,24 @@
 """Interpreter start-up cost of npu-compat, measured side by side in one run.
 
 Variants, run interleaved (round-robin, shuffled each round) so machine noise hits
-them alike; the figure of merit is the ratio of medians against plain start-up:
+them alike; the figure of merit is the ratio of medians against plain start-up
+(``python -c pass`` with nothing of npu-compat on the path):
 
-* ``plain``        -- ``python -c pass``
-* ``noop``         -- ``import npu_compat; npu_compat.activate()`` on a host with no
-                      Ascend evidence (the path every CUDA/CPU user takes)
-* ``npu-register`` -- the same with ``NPU_COMPAT_DEVICE=npu``: every post-import hook
-                      registered, no upstream target imported
+* ``noop``          -- ``import npu_compat; npu_compat.activate()`` on a host with no Ascend
+                       evidence (explicit activation, the path every CUDA/CPU user takes)
+* ``npu-register``  -- the same with ``NPU_COMPAT_DEVICE=npu``: every post-import hook
+                       registered, no upstream target imported
+* ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's
+                       bootstrap first on ``PYTHONPATH``, no Ascend evidence
+* ``boot-npu``      -- the same with ``NPU_COMPAT_DEVICE=npu`` (activation at interpreter start)
+* ``launcher``      -- ``python -m npu_compat python -c pass``: the launcher, then its child
+* with ``--installed`` (needs ``uv``): ``pth-noop`` / ``pth-npu`` -- ``python -c pass`` in a venv
+  with npu-compat installed (``npu_compat.pth`` + ``sitecustomize``), against ``pth-plain``,
+  the same interpreter in a venv without it
 
-Goals (issue 2): noop <= 1.02x, npu-register <= 1.05x.  Run: ``python bench/startup.py [rounds]``.
+Goals: noop, boot-noop, pth-noop <= 1.02x; npu-register, boot-npu, pth-npu <= 1.05x;
+launcher <= 2.5x.  Run: ``python bench/startup.py [rounds] [--installed]``.  For the Ray
+actor start-up, see ``bench/ray_actor.py``.
 """
 
 from __future__ import annotations
@@ -17,30 +26,84 @@ from __future__ import annotations
 import compileall
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
+PY = os.environ.get("BENCH_PYTHON", sys.executable)
+
+GOALS = {
+    "noop": 1.02,
+    "npu-register": 1.05,
+    "boot-noop": 1.02,
+    "boot-npu": 1.05,
+    "launcher": 2.5,
+    "pth-noop": 1.02,
+    "pth-npu": 1.05,
+}
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _env(pythonpath: list[str], **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "ASCEND_", "TRINITY_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     env.update(extra)
     return env
 
 
-PY = os.environ.get("BENCH_PYTHON", sys.executable)
+def _package_only(tmp: Path) -> str:
+    """A directory holding only the package (the checkout's root also holds the top-level sitecustomize)."""
+    path = tmp / "pkg"
+    path.mkdir()
+    (path / "npu_compat").symlink_to(REPO / "npu_compat")
+    return str(path)
 
-VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "plain": ([PY, "-c", "pass"], _env()),
-    "noop": ([PY, "-c", ACTIVATE], _env()),
-    "npu-register": ([PY, "-c", ACTIVATE], _env(NPU_COMPAT_DEVICE="npu")),
-}
+
+def _installed_venvs(tmp: Path) -> tuple[str, str] | None:
+    uv = shutil.which("uv")
+    if uv is None:
+        print("--installed: uv is not on PATH; skipped")
+        return None
+    pythons = []
+    for name, install in (("plain", False), ("installed", True)):
+        root = tmp / name
+        subprocess.run([uv, "venv", "-q", "-p", PY, str(root)], check=True)
+        python = root / "bin" / "python"
+        if install:
+            subprocess.run(
+                [uv, "pip", "install", "-q", "--offline", "--python", str(python), str(REPO)], check=True
+            )
+        subprocess.run([str(python), "-m", "compileall", "-q", str(root / "lib")], check=True)
+        pythons.append(str(python))
+    return pythons[0], pythons[1]
+
+
+def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
+    pkg = _package_only(tmp)
+    out = {
+        "plain": ([PY, "-c", "pass"], _env([])),
+        "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
+        "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
+        "boot-noop": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)])),
+        "boot-npu": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)], NPU_COMPAT_DEVICE="npu")),
+        "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
+    }
+    if installed:
+        venvs = _installed_venvs(tmp)
+        if venvs is not None:
+            plain, with_pth = venvs
+            out["pth-plain"] = ([plain, "-c", "pass"], _env([]))
+            out["pth-noop"] = ([with_pth, "-c", "pass"], _env([]))
+            out["pth-npu"] = ([with_pth, "-c", "pass"], _env([], NPU_COMPAT_DEVICE="npu"))
+    return out
 
 
 def _time_once(argv: list[str], env: dict[str, str]) -> float:
@@ -49,29 +112,40 @@ def _time_once(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def measure(rounds: int) -> dict[str, list[float]]:
+def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, list[float]]:
     # Installed packages carry compiled bytecode; a checkout may not (PYTHONDONTWRITEBYTECODE).
     compileall.compile_dir(str(REPO / "npu_compat"), quiet=1)
-    samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for argv, env in VARIANTS.values():  # warm the page cache
+    compileall.compile_file(str(REPO / "_npu_compat_boot.py"), quiet=1)
+    compileall.compile_file(str(BOOTSTRAP / "sitecustomize.py"), quiet=1)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for argv, env in runs.values():  # warm the page cache
         _time_once(argv, env)
     for _ in range(rounds):
-        order = list(VARIANTS)
+        order = list(runs)
         random.shuffle(order)
         for name in order:
-            argv, env = VARIANTS[name]
+            argv, env = runs[name]
             samples[name].append(_time_once(argv, env))
     return samples
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    samples = measure(rounds)
-    base = statistics.median(samples["plain"])
-    print(f"interpreter start-up, {rounds} interleaved rounds, median wall time per start")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rounds = int(args[0]) if args else 200
+    with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
+        runs = variants(Path(tmp), "--installed" in sys.argv)
+        samples = measure(rounds, runs)
+    print(f"interpreter start-up, {rounds} interleaved rounds, median wall time per start ({PY})")
     for name, values in samples.items():
+        base_name = "pth-plain" if name.startswith("pth-") else "plain"
+        base = statistics.median(samples[base_name])
         med = statistics.median(values)
-        print(f"  {name:14s} {med * 1e3:7.2f} ms   ratio {med / base:5.3f}   (+{(med - base) * 1e3:5.2f} ms)")
+        goal = GOALS.get(name)
+        verdict = "" if goal is None else f"  goal <= {goal:.2f}x {'met' if med / base <= goal else 'MISSED'}"
+        print(
+            f"  {name:13s} {med * 1e3:7.2f} ms   ratio {med / base:5.3f} vs {base_name:9s}"
+            f" (+{(med - base) * 1e3:5.2f} ms){verdict}"
+        )
 
 
 if __name__ == "__main__":
