@@ -106,13 +106,16 @@ def check_targets(
     for dist, ranges in sorted(by_dist.items()):
         version = installed[dist] = _installed(dist)
         covered = version is not None and any(_in_range(version, r) for r in ranges)
-        verdict = "not installed" if version is None else ("supported" if covered else "UNSUPPORTED")
+        verdict = "not installed" if version is None else ("supported" if covered else "not covered")
         rows.append({"distribution": dist, "installed": version, "ranges": ranges, "verdict": verdict})
-        if verdict == "UNSUPPORTED":
+        if verdict == "not covered":
+            # Not an error: a patch may be needed only by other versions (a layout this one does not
+            # have), and a newer release may carry its own NPU support.
             d.add(
-                "error" if decision is not None and decision.is_npu else "note",
-                f"{dist} {version} is outside every range npu-compat supports ({', '.join(ranges)}): on "
-                f"Ascend none of its patches apply. Fix: install a supported {dist}, or upgrade npu-compat",
+                "warning" if decision is not None and decision.is_npu else "note",
+                f"{dist} {version} is outside every range npu-compat patches ({', '.join(ranges)}): none of "
+                f"its patches apply. If this {dist} needs them on Ascend, install a supported one or "
+                "upgrade npu-compat",
             )
     d.sections["targets"] = rows
     return installed
