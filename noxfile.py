@@ -48,9 +48,10 @@ def _find_links() -> list[str]:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff and mypy (strict) on the package."""
-    session.install("ruff==0.17.6", "mypy==2.4.1", "wrapt>=2.4,<3", "packaging")
-    session.run("ruff", "check", "npu_compat", "tests", "bench", "noxfile.py")
-    session.run("ruff", "format", "--check", "npu_compat", "tests", "bench", "noxfile.py")
+    session.install("ruff==0.17.6", "mypy==2.4.1", "wrapt>=2.4,<3", "packaging", "pytest>=8")
+    paths = ["npu_compat", "tests", "bench", "noxfile.py", "_npu_compat_boot.py", "sitecustomize.py", "setup.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
     session.run("mypy")
 
 
@@ -71,9 +72,9 @@ _expose_pyenv_pythons()
 
 @nox.session(python=PYTHONS)
 def engine(session: nox.Session) -> None:
-    """The engine's own tests, with no upstream package installed."""
+    """The engine's own tests and the stdlib-only seam tests, with no upstream package installed."""
     session.install(".", "pytest>=8")
-    session.run("pytest", "tests/engine", *session.posargs)
+    session.run("pytest", "tests/engine", "tests/seams", "tests/patches/test_rewrites.py", *session.posargs)
 
 
 def _stack_session(name: str, pins: str) -> None:

@@ -429,6 +429,22 @@ def _activated() -> bool:
     return _ACTIVATED
 
 
+def _release_placement_groups() -> None:
+    """Give back the NPUs a probe's placement groups hold, so the next probe starts from a free cluster."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    job = ray.get_runtime_context().get_job_id()
+    for pg_id, info in placement_group_table().items():
+        # a placement group id ends with the id of the job that created it
+        if info.get("state") != "REMOVED" and pg_id.endswith(job):
+            with contextlib.suppress(Exception):
+                remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+
+
 def run(rows: list[str], activate: bool) -> dict[str, dict[str, Any]]:
     global _ACTIVATED
     if activate:
@@ -445,6 +461,7 @@ def run(rows: list[str], activate: bool) -> dict[str, dict[str, Any]]:
             tb = traceback.extract_tb(exc.__traceback__)
             where = [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno}" for f in tb[-3:]]
             results[row] = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "detail": where}
+        _release_placement_groups()
     return results
 
 
