@@ -1,0 +1,196 @@
+"""The end-to-end scenario of issue 8: the real ``trinity run`` on a simulated Ascend Ray cluster.
+
+Test harness, never part of ``npu_compat``.  ``python -m tests.e2e.scenario {compat,stock} OUT``:
+
+* makes the tiny model (``tests/e2e/tiny_model.py``) and a scratch directory under ``OUT``;
+* starts one simulated Ascend Ray cluster (``npu_ray_cluster``: ``{"NPU": 2}``, no GPU) -- through
+  ``python -m npu_compat`` for ``compat``, plainly with ``NPU_COMPAT=0`` for ``stock``;
+* runs ``trinity run --config examples/e2e/trinity_tiny.yaml`` (through the launcher for ``compat``)
+  with a bounded timeout, then copies the driver's output, every Ray process's log and the
+  per-process npu-compat reports into ``OUT``, and prints a JSON summary: the stages reached
+  (:data:`STAGES`, found in the logs), the wall time, the exit status and the first error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from npu_compat.testing._ray import npu_ray_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "e2e" / "trinity_tiny.yaml"
+DATA = REPO / "examples" / "e2e" / "data"
+#: Harness repair of the simulated torch.npu (see its docstring); E2E_SIMFIX=0 leaves it out.
+SIMFIX_SITE = Path(__file__).resolve().with_name("_simfix_site")
+#: Harness: the stand-in vllm_ascend declared as vLLM platform plugin (see its README); E2E_VLLM_PLATFORM=0 leaves it out.
+PLATFORM_SITE = Path(__file__).resolve().with_name("_platform_site")
+
+#: (stage, regular expression over all logs) in the order a run reaches them.  The Trainer actor's
+#: constructor builds the verl worker group and its models, so in mode `both` the trainer side
+#: comes before the Explorer's ``prepare`` (rollout placement group, vLLM engines).
+STAGES: list[tuple[str, str]] = [
+    ("npus_counted", r"Auto-detected and set gpu_per_node: [1-9]"),
+    ("config_validated", r"total_gpu_num=2,\s*rollout_gpu_num=1,"),
+    ("explorer_actor", r"Finished initializing Explorer"),
+    ("trainer_actor", r"Initializing verl Trainer"),
+    ("verl_pg_ready", r"Successfully created placement group global_pool"),
+    ("verl_workers_started", r"^:actor_name:WorkerDict"),
+    ("verl_models_built", r"actor and ref model engine initialized"),
+    ("trainer_ready", r"Trainer is ready"),
+    ("rollout_pg_ready", r"> Bundle \d+: Actor "),
+    ("rollout_actor_scheduled", r"^:actor_name:vLLMRolloutModel"),
+    ("rollout_models_ready", r"All models are ready"),
+    ("weight_sync_setup_started", r"Coordinating weight sync setup"),
+    ("weight_sync_group_formed", r"Weight sync group setup complete"),
+    ("explore_step_started", r"Explore step 1 started"),
+    ("train_step_started", r"Training at step 1 started"),
+]
+
+#: Where the simulated Ascend cannot compute (harness, not npu-compat): label -> pattern in the logs.
+BOUNDARIES: dict[str, str] = {
+    # FSDP2's fully_shard moves the parameters to the "npu" device: no tensor can live there.
+    "fsdp2: parameters moved to npu tensors": r"Could not run 'aten::\w+' with arguments from the 'npu' backend",
+    # a vllm_ascend stand-in reached the point where the real one computes on the NPU.
+    "vllm-ascend stand-in: needs a real NPU": r"simulated Ascend: [\w.]+ needs a real NPU",
+}
+
+
+def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "RAY_ADDRESS"))}
+    simfix = [str(SIMFIX_SITE)] if os.environ.get("E2E_SIMFIX", "1") != "0" else []
+    if os.environ.get("E2E_VLLM_PLATFORM", "1") != "0":
+        simfix.append(str(PLATFORM_SITE))
+    env["PYTHONPATH"] = os.pathsep.join([*simfix, str(REPO)])  # the simulation's site goes first
+    env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TRINITY_LOG_DIR"] = str(workdir / "trinity-logs")
+    if mode == "compat":
+        env["NPU_COMPAT_REPORT_DIR"] = str(workdir / "reports")
+    else:
+        env["NPU_COMPAT"] = "0"
+    return env
+
+
+def _collect(cluster_temp: Path, out: Path) -> None:
+    logs = cluster_temp / "session_latest" / "logs"
+    if logs.is_dir():
+        shutil.copytree(logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+
+
+def _config(workdir: Path, cluster: str) -> Path:
+    """The bundled config; with ``cluster="explicit"`` a copy that states ``node_num``/``gpu_per_node``.
+
+    Stating them is what a user can do in the YAML to get past Trinity's own count of the cluster's
+    ``"GPU"`` resources (``RayClusterConfigValidator._set_cluster_info``), which finds 0 on Ascend.
+    ``cluster="explore"`` also switches to mode ``explore`` (the rollout side alone: in mode ``both``
+    the Trainer actor's constructor builds the FSDP models before the Explorer prepares anything).
+    """
+    if cluster == "auto":
+        return CONFIG
+    text = CONFIG.read_text().replace(
+        "  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 2", 1
+    )
+    if cluster == "explore":
+        text = text.replace("\nmode: both\n", "\nmode: explore\n", 1)
+    path = workdir / f"trinity_tiny.{cluster}.yaml"
+    path.write_text(text)
+    return path
+
+
+def run(mode: str, out: Path, timeout: float = 600, cluster: str = "auto") -> dict[str, object]:
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = out / "work"
+    workdir.mkdir(exist_ok=True)
+    model = out / "tiny-model"
+    env = _env(mode, workdir, model)
+    subprocess.run(
+        [sys.executable, "-m", "tests.e2e.tiny_model", str(model)],
+        env={**env, "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    prefix = [sys.executable, "-m", "npu_compat"] if mode == "compat" else None
+    trinity = str(Path(sys.executable).with_name("trinity"))
+    argv = [*(prefix or []), trinity, "run", "--config", str(_config(workdir, cluster))]
+    summary: dict[str, object] = {"mode": mode, "cluster": cluster}
+    with npu_ray_cluster(npus=2, cpus=4, env=env, command_prefix=prefix, start_timeout=180) as cluster:
+        driver_env = {**cluster.env, "RAY_ADDRESS": cluster.address}
+        started = time.monotonic()
+        with (out / "driver.log").open("wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                env=driver_env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                summary["rc"] = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                summary["rc"] = "timeout"
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+        summary["wall_s"] = round(time.monotonic() - started, 1)
+        _collect(cluster.temp_dir, out)
+        shutil.copy(cluster.log, out / "ray-start.log")
+    summary["stages"] = stages_reached(out)
+    summary["first_error"] = first_error(out)
+    text = all_logs(out)
+    summary["boundaries"] = [label for label, pattern in BOUNDARIES.items() if re.search(pattern, text)]
+    return summary
+
+
+def all_logs(out: Path) -> str:
+    parts = []
+    for path in sorted(out.rglob("*")):
+        if path.is_file() and path.suffix in {".log", ".out", ".err", ".txt"}:
+            parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+def stages_reached(out: Path) -> list[str]:
+    text = all_logs(out)
+    return [name for name, pattern in STAGES if re.search(pattern, text, re.MULTILINE)]
+
+
+_PREFIX = re.compile(
+    r"^(?:\x1b\[[0-9;]*m)?(?:\(\w+ pid=\d+\)(?:\x1b\[0m)? )?(?:\w+ [\d-]+ [\d:]+ \[[\w.]+:\d+\] )?"
+)
+_ERROR = re.compile(r"^([\w.]*(?:Error|Exception|Boundary)): (.+)$")
+
+
+def first_error(out: Path) -> str | None:
+    """The first ``SomeError: message`` line the driver printed (Ray prefixes stripped).
+
+    Ray's own wrappers (``ray.exceptions.*``) only when no underlying error was printed.
+    """
+    log = out / "driver.log"
+    if not log.is_file():
+        return None
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        stripped = None
+        while stripped != line:  # "(Actor pid=1) (Worker pid=2) ERROR ... [file.py:1] " nest
+            stripped, line = line, _PREFIX.sub("", line, count=1).strip()
+        match = _ERROR.match(line)
+        if match:
+            found.append(f"{match.group(1)}: {match.group(2)[:300]}")
+    own = [e for e in found if not e.startswith("ray.exceptions.")]
+    return (own or found or [None])[0]
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    result = run(args[0], Path(args[1]), float(args[2]) if len(args) > 2 else 600, *args[3:4])
+    print(json.dumps(result))
