@@ -57,9 +57,9 @@ ROWS: tuple[Row, ...] = (
 
 #: HANG/CRASH rows of the map that no probe drives yet, and why.
 NOT_YET_DRIVEN: dict[str, str] = {
-    "A8": "vLLM-side engine selection; needs the two-process weight-sync scenario (issue 6)",
-    "A13": "rollout-side group of CheckpointWeightTransferEngine; two-process weight-sync scenario (issue 6)",
-    "A14": "cuda tensors/streams in checkpoint transfer; two-process weight-sync scenario (issue 6)",
+    "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
+    "A13": "rollout-side group of CheckpointWeightTransferEngine (static NCCL call): not patched yet (issue 6)",
+    "A14": "cuda literals/streams in checkpoint transfer: not patched yet; npu tensors are the simulation's boundary",
     "A20": "VERLTrainer.__init__ needs a model on disk; driven by the end-to-end scenario (issue 8)",
     "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
     "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",
