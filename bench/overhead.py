@@ -82,6 +82,13 @@ def main() -> None:
     import npu_compat._engine as engine
 
     print("1. per-call cost of a patched callable (real wrappers, engine's FunctionWrapper + guard)")
+    import wrapt
+
+    floor = wrapt.FunctionWrapper(bench_plain.noop, lambda wrapped, instance, a, k: wrapped(*a, **k))
+    n = 20000
+    plain = min(timeit.repeat("f(0)", globals={"f": bench_plain.noop}, number=n, repeat=7)) / n
+    passthrough = min(timeit.repeat("f(0)", globals={"f": floor}, number=n, repeat=7)) / n
+    print(f"   {'(floor: bare wrapt pass-through)':40s} +{(passthrough - plain) * 1e6:5.2f} us/call")
     for label, wrapper, call in WRAPPERS:
         spec = PatchSpec("bench.one", "bench_plain:noop", distribution="torch", versions=">=2",
                          wrapper="npu_compat.patches." + wrapper, why="bench")  # fmt: skip
