@@ -224,7 +224,7 @@ def _build_module() -> types.ModuleType:
         return (TOTAL_MEMORY - 2 * _GIB, TOTAL_MEMORY)
 
     for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
-        npu.__dict__[name] = _record(types.FunctionType((lambda device=None: 0).__code__, {}, name))
+        npu.__dict__[name] = _record(types.FunctionType((lambda device=None: 0).__code__, {}, name, (None,)))
 
     @_record
     def reset_peak_memory_stats(device: Any = None) -> None:

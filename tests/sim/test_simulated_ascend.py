@@ -42,6 +42,7 @@ def test_torch_sees_an_ascend_host_and_cuda_stays_false() -> None:
             "props": torch.npu.get_device_properties(0).total_memory, "mem": torch.npu.mem_get_info(),
             "calls": [c[0] for c in torch.npu.calls],
             "stream": type(torch.npu.current_stream()).__name__,
+            "allocated": [torch.npu.memory_allocated(), torch.npu.max_memory_allocated(0)],
         }))
         """
     )
@@ -53,6 +54,7 @@ def test_torch_sees_an_ascend_host_and_cuda_stays_false() -> None:
     assert out["props"] == 64 << 30 and out["mem"][1] == 64 << 30
     assert {"set_device", "synchronize", "empty_cache"} <= set(out["calls"])
     assert out["stream"] == "Stream"
+    assert out["allocated"] == [0, 0]  # verl's log_gpu_memory_usage calls these without a device
 
 
 def test_npu_compat_decides_npu_under_the_simulation() -> None:
