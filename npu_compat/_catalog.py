@@ -179,6 +179,18 @@ _TRINITY = "trinity-rft"
 _NO_NATIVE = _P + "trinity_common:no_native_npu"
 TRINITY_SPECS = (
     PatchSpec(
+        "trinity.config_validator.npu_count",
+        "trinity.common.config_validator:ray",
+        distribution=_TRINITY,
+        versions=">=0.5.2,<0.7",
+        condition=_NO_NATIVE,
+        replacement=_P + "ray_resources:ray_counting_npus",
+        why="the cluster validator sizes gpu_per_node from each node's 'GPU' resource: 0 on an NPU cluster, "
+        "and the run stops in validation (rows A1, 1)",
+        upstream_fix="Trinity's merged NPU support counts the detected device's resource",
+        remove_when="a trinity-rft release with trinity.utils.device",
+    ),
+    PatchSpec(
         "trinity.distributed.init_process_group",
         "trinity.utils.distributed:init_process_group",
         distribution=_TRINITY,

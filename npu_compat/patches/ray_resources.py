@@ -132,3 +132,36 @@ def guard_placement_group(wrapped: Any, instance: Any, args: tuple[Any, ...], kw
     if any(isinstance(b, dict) and b.get(_GPU) for b in bundles):
         _warn_gpu_request(f"placement-group bundles {bundles}")
     return wrapped(*args, **kwargs)
+
+
+# -- reading the cluster ------------------------------------------------------------------------
+
+
+def _npu_nodes(nodes: Any) -> Any:
+    """``ray.nodes()`` as a module that sizes its work by GPUs should read it on an NPU cluster."""
+    out = []
+    for node in nodes():
+        resources = node.get("Resources") or {}
+        if _GPU not in resources and resources.get(_NPU):
+            node = {**node, "Resources": {**resources, _GPU: resources[_NPU]}}
+        out.append(node)
+    return out
+
+
+def ray_counting_npus(original: Any) -> Any:
+    """Replacement factory for one upstream module's ``ray`` global: ``ray.nodes()`` reports each
+    node's NPUs where that module looks for ``"GPU"``.  Only that module's reading changes: nothing
+    is advertised to Ray, and every other attribute is the real one (a plain module copy, so
+    attribute lookups cost what they did)."""
+    import functools
+    import types
+
+    view = types.ModuleType(original.__name__, original.__doc__)
+    view.__dict__.update(original.__dict__)
+    view.__dict__["nodes"] = functools.wraps(original.nodes)(lambda: _npu_nodes(original.nodes))
+
+    def __getattr__(name: str) -> Any:
+        return getattr(original, name)
+
+    view.__dict__["__getattr__"] = __getattr__
+    return view

@@ -126,6 +126,28 @@ def _explorer_config() -> Any:
     return cfg
 
 
+def _cluster_count(module: str) -> dict[str, Any]:
+    ray = _ray()
+    from trinity.common.config import Config
+    from trinity.common.config_validator import RayClusterConfigValidator
+
+    assert module == RayClusterConfigValidator.__module__
+    config = Config()
+    config.cluster.ray_address = os.environ["RAY_ADDRESS"]
+    RayClusterConfigValidator()._set_cluster_info(config)
+    npus = int(ray.cluster_resources().get("NPU", 0))
+    if config.cluster.gpu_per_node != npus:
+        raise AssertionError(
+            f"Trinity counted {config.cluster.gpu_per_node} accelerators per node on a node with {npus} NPUs"
+        )
+    return {"node_num": config.cluster.node_num, "gpu_per_node": config.cluster.gpu_per_node}
+
+
+def probe_A1() -> dict[str, Any]:
+    """The cluster validator must count the node's NPUs as its accelerators."""
+    return _cluster_count("trinity.common.config_validator")
+
+
 def probe_A5() -> dict[str, Any]:
     """Allocator.create_all_models: its placement group must become ready on an NPU-only cluster."""
     _ray()
@@ -312,6 +334,11 @@ def probe_A30() -> dict[str, Any]:
 
 
 # -- trinity-rft 0.5.2 ---------------------------------------------------------------------------
+
+
+def probe_r1() -> dict[str, Any]:
+    """The cluster validator must count the node's NPUs as its accelerators."""
+    return _cluster_count("trinity.common.config_validator")
 
 
 def probe_r6() -> dict[str, Any]:

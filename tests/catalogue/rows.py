@@ -1,5 +1,8 @@
 """The break catalogue as data: map row -> the probe that drives it -> what a user hits.
 
+The HANG and CRASH rows of the map, plus WRONG rows whose consequence a user meets (A1: the run
+stops in validation with a division by zero GPUs).
+
 ``green`` is the issue whose patches turn the row's "green with npu-compat" twin on;
 until it lands the twin is a strict expected failure, so progress is counted by the
 suite itself.  ``python -m tests.catalogue`` prints this table with each row's status.
@@ -28,6 +31,8 @@ class Row:
 
 ROWS: tuple[Row, ...] = (
     # trinity-rft 0.6.0 (stacks a and b)
+    Row("A1", "0.6.0", "any", "WRONG", "trinity.common.config_validator:RayClusterConfigValidator._set_cluster_info",
+        "AssertionError: Trinity counted 0 accelerators per node", 6, fixed=True),
     Row("A5", "0.6.0", "any", "HANG", "trinity.common.models.allocator:Allocator.create_all_models", "pending", 5, fixed=True),
     Row("A6", "0.6.0", "any", "HANG", "trinity.common.models.allocator:get_model_wrapper",
         "ValueError: Cannot schedule vLLMRolloutModel", 5, fixed=True),
@@ -44,6 +49,8 @@ ROWS: tuple[Row, ...] = (
     Row("A30", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker.sync_weight",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     # trinity-rft 0.5.2 (stack c)
+    Row("1", "0.5.2", "any", "WRONG", "trinity.common.config_validator:RayClusterConfigValidator._set_cluster_info",
+        "AssertionError: Trinity counted 0 accelerators per node", 7, fixed=True),
     Row("6", "0.5.2", "any", "HANG", "trinity.common.models:_BundleAllocator.__init__", "pending", 5, fixed=True),
     Row("7", "0.5.2", "any", "HANG", "trinity.common.models:create_vllm_inference_models",
         "ValueError: Cannot schedule vLLMRolloutModel", 5, fixed=True),
