@@ -248,7 +248,7 @@ TRINITY_060_SPECS = (
         remove_when="a trinity-rft release with trinity.utils.device",
     ),
     PatchSpec(
-        "trinity.verl.trainer.device_name", "trinity.trainer.verl.trainer:VERLTrainer.__init__",
+        "trinity.verl.trainer.device_name", "trinity.trainer.verl.trainer:VERLTrainer._init_workers",
         distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE, wrapper=_CFG + "npu_device_name",
         why="VERLTrainer hard-codes device_name='cuda' for verl's RayWorkerGroup: GPU bundles hang (row A20)",
         upstream_fix="Trinity's merged NPU support passes the detected device", remove_when=_NATIVE_RELEASE,

@@ -100,6 +100,7 @@ class _State:
         self.by_module: dict[str, list[_Record]] = {}
         self.by_copy: dict[str, list[_Record]] = {}
         self.finder: PostImportFinder | None = None
+        self.warned_versions: set[tuple[str, str]] = set()
 
 
 _state = _State()
@@ -285,17 +286,26 @@ def _apply(state: "_State", rec: "_Record", module: "ModuleType") -> None:
         )
         return
     if not version_in_range(rec.installed, spec.versions):
-        siblings = [
-            r.spec.versions for r in state.records.values() if r.spec.target == spec.target and r is not rec
-        ]
-        covered = any(version_in_range(rec.installed, v) for v in siblings)
-        ranges = ", ".join(repr(v) for v in [spec.versions, *siblings])
+        # A patch set split by version (0.5.2 / 0.6.0 layouts) leaves the other layout's specs out of
+        # range: that is expected.  Only a version that no spec of this distribution supports means
+        # upstream moved on; that is warned about once per distribution.
+        ranges = sorted(
+            {r.spec.versions for r in state.records.values() if r.spec.distribution == spec.distribution}
+        )
+        covered = any(version_in_range(rec.installed, v) for v in ranges)
+        first = not covered and (spec.distribution, rec.installed) not in state.warned_versions
+        if first:
+            state.warned_versions.add((spec.distribution, rec.installed))
         _skip(
             state,
             rec,
             f"{spec.distribution} {rec.installed} is outside {spec.versions!r}"
-            + ("" if covered else f"; no npu-compat patch for {spec.target} supports it ({ranges})"),
-            warn=not covered,
+            + (
+                ""
+                if covered
+                else f"; no npu-compat patch supports this version ({', '.join(map(repr, ranges))})"
+            ),
+            warn=first,
         )
         return
     if spec.condition is not None:

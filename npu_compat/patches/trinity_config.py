@@ -7,9 +7,10 @@
   ``trainer.device`` the user set in YAML reaches ``__init__`` as an argument and is kept.
   Both ``veRLConfig()`` and ``OmegaConf.structured(veRLConfig)`` build the nested
   ``Trainer`` through its ``__init__`` (``default_factory=Trainer``), so this is the seam.
-* ``VERLTrainer`` (0.6.0 with verl >= 0.8, row A20): ``__init__`` ends by hard-coding
-  ``self.device_name = "cuda"`` ("we only support cuda for now"), later passed to verl's
-  ``RayWorkerGroup``.  After ``__init__`` it becomes ``"npu"``.
+* ``VERLTrainer`` (0.6.0 with verl >= 0.8, row A20): ``__init__`` hard-codes
+  ``self.device_name = "cuda"`` ("we only support cuda for now") and then, still inside
+  ``__init__``, calls ``_init_workers``, which hands it to verl's ``RayWorkerGroup``.  It becomes
+  ``"npu"`` as ``_init_workers`` starts (found by the end-to-end run: after ``__init__`` was too late).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ def npu_default_device(wrapped: Any, instance: Any, args: tuple[Any, ...], kwarg
 
 
 def npu_device_name(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    result = wrapped(*args, **kwargs)
     if getattr(instance, "device_name", None) == "cuda":
         instance.device_name = "npu"
-    return result
+    return wrapped(*args, **kwargs)
