@@ -39,22 +39,18 @@ def _run(tmp_path: Path, mode: str, cluster: str, timeout: float) -> dict[str, o
     return result
 
 
-@pytest.mark.parametrize("mode", ["stock", "compat"])
-def test_trinitys_own_gpu_count_stops_both(tmp_path: Path, mode: str) -> None:
-    """Trinity counts the cluster's "GPU" resources (0 here): config validation divides by zero.
-
-    npu-compat has no patch for ``RayClusterConfigValidator._set_cluster_info`` yet (FINDINGS.md).
-    """
-    result = _run(tmp_path, mode, "auto", 120)
+def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path) -> None:
+    """Stock Trinity counts the cluster's "GPU" resources (0 here): config validation divides by zero."""
+    result = _run(tmp_path, "stock", "auto", 120)
     assert result["stages"] == [], result
     assert result["first_error"] == "ZeroDivisionError: integer modulo by zero", result
 
 
 def test_compat_both_reaches_fsdp_on_npu_tensors(tmp_path: Path) -> None:
-    """Mode both, node_num/gpu_per_node stated: the verl worker group is up on NPU bundles, then FSDP2
-    moves the parameters to ``npu`` -- the simulation's compute boundary (harness, not npu-compat)."""
-    result = _run(tmp_path, "compat", "explicit", 420)
-    assert result["stages"] == TRAINER_SIDE, result
+    """The bundled config as it is: npu-compat counts the NPUs, the verl worker group is up on NPU
+    bundles, then FSDP2 moves the parameters to ``npu`` -- the simulation's compute boundary."""
+    result = _run(tmp_path, "compat", "auto", 420)
+    assert result["stages"] == ["npus_counted", *TRAINER_SIDE], result
     assert result["boundaries"] == ["fsdp2: parameters moved to npu tensors"], result
 
 
