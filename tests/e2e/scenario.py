@@ -28,9 +28,7 @@ from npu_compat.testing._ray import npu_ray_cluster
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "e2e" / "trinity_tiny.yaml"
 DATA = REPO / "examples" / "e2e" / "data"
-#: Harness repair of the simulated torch.npu (see its docstring); E2E_SIMFIX=0 leaves it out.
-SIMFIX_SITE = Path(__file__).resolve().with_name("_simfix_site")
-#: Harness: the stand-in vllm_ascend declared as vLLM platform plugin (see its README); E2E_VLLM_PLATFORM=0 leaves it out.
+#: Harness: the stand-in vllm_ascend declared as vLLM platform plugin (see its README).
 PLATFORM_SITE = Path(__file__).resolve().with_name("_platform_site")
 
 #: (stage, regular expression over all logs) in the order a run reaches them.  The Trainer actor's
@@ -65,10 +63,7 @@ BOUNDARIES: dict[str, str] = {
 
 def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "RAY_ADDRESS"))}
-    simfix = [str(SIMFIX_SITE)] if os.environ.get("E2E_SIMFIX", "1") != "0" else []
-    if os.environ.get("E2E_VLLM_PLATFORM", "1") != "0":
-        simfix.append(str(PLATFORM_SITE))
-    env["PYTHONPATH"] = os.pathsep.join([*simfix, str(REPO)])  # the simulation's site goes first
+    env["PYTHONPATH"] = os.pathsep.join([str(PLATFORM_SITE), str(REPO)])  # the harness's site goes first
     env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
     env["PYTHONUNBUFFERED"] = "1"
     env["TRINITY_LOG_DIR"] = str(workdir / "trinity-logs")
