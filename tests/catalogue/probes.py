@@ -298,16 +298,22 @@ def probe_A24() -> dict[str, Any]:
 # -- trinity-rft 0.6.0 on verl < 0.8 (trinity.trainer.verl_legacy) -------------------------------
 
 
-def probe_A28() -> dict[str, Any]:
-    """The legacy trainer's default device must give verl NPU placement groups that become ready."""
+def _trainer_device_placement(module: str, colocate: int) -> dict[str, Any]:
+    """verl's resource pool, given the trainer device Trinity's config defaults to, must get NPU bundles."""
     _ray()
-    from trinity.trainer.verl_legacy.verl_config import veRLConfig
+    import importlib
+
     from verl.single_controller.ray.base import RayResourcePool
 
-    device = veRLConfig().trainer.device
-    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1)
+    device = importlib.import_module(module).veRLConfig().trainer.device
+    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=colocate)
     pgs = _in_thread(lambda: pool.get_placement_groups(device_name=device), PENDING_AFTER_S)
     return {"device": device, **_pg_state(pgs[0])}
+
+
+def probe_A28() -> dict[str, Any]:
+    """The legacy trainer's default device must give verl NPU placement groups that become ready."""
+    return _trainer_device_placement("trinity.trainer.verl_legacy.verl_config", colocate=1)
 
 
 def probe_A30() -> dict[str, Any]:
@@ -369,18 +375,8 @@ def probe_r7() -> dict[str, Any]:
         ray.kill(actor)
 
 
-def probe_r15() -> dict[str, Any]:
-    """trinity.utils.distributed.init_process_group(backend="nccl") must give a working group."""
-    import torch
-    import torch.distributed as dist
-    from trinity.utils.distributed import init_process_group
-
-    group = init_process_group(
-        host="127.0.0.1", port=_free_port(), group_name="probe", backend="nccl", world_size=1, rank=0
-    )
-    t = torch.ones(3)
-    dist.all_reduce(t, group=group)
-    return {"backend": str(dist.get_backend(group)), "sum": t.tolist()}
+#: 0.5.2's init_process_group is the same function as 0.6.0's (row 15 = A16).
+probe_r15 = probe_A16
 
 
 def probe_r13() -> dict[str, Any]:
@@ -411,14 +407,7 @@ def probe_r13() -> dict[str, Any]:
 
 def probe_r16() -> dict[str, Any]:
     """The trainer's default device must give verl NPU placement groups that become ready."""
-    _ray()
-    from trinity.trainer.verl.verl_config import veRLConfig
-    from verl.single_controller.ray.base import RayResourcePool
-
-    device = veRLConfig().trainer.device
-    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=3)
-    pgs = _in_thread(lambda: pool.get_placement_groups(device_name=device), PENDING_AFTER_S)
-    return {"device": device, **_pg_state(pgs[0])}
+    return _trainer_device_placement("trinity.trainer.verl.verl_config", colocate=3)
 
 
 def probe_r25() -> dict[str, Any]:
