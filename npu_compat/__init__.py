@@ -74,6 +74,7 @@ def activate(
     """
     from . import _env
 
+    decision = None
     if "npu_compat._engine" not in sys.modules:
         decision = _env.decide(device)
         if not decision.is_npu:
@@ -82,4 +83,4 @@ def activate(
             return decision.device
     from . import _engine
 
-    return _engine.activate(device, strict=strict, specs=specs)
+    return _engine.activate(device, strict=strict, specs=specs, decision=decision)

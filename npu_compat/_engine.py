@@ -413,7 +413,11 @@ def _catalog() -> "tuple[PatchSpec, ...]":
 
 
 def activate(
-    device: "str | None" = None, *, strict: "bool | None" = None, specs: "Iterable[PatchSpec] | None" = None
+    device: "str | None" = None,
+    *,
+    strict: "bool | None" = None,
+    specs: "Iterable[PatchSpec] | None" = None,
+    decision: "Decision | None" = None,
 ) -> str:
     """Activate npu-compat in this process and return the device decided.
 
@@ -423,7 +427,7 @@ def activate(
     """
     state = _state
     with state.lock:
-        decision = decide(device)
+        decision = decision or decide(device)  # the package's activate() has often decided already
         if state.active:
             assert state.decision is not None
             if decision.device != state.decision.device:
