@@ -16,8 +16,9 @@ the patches below are ``applied`` (compile off) or ``skipped`` with the backend 
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
+
+from .trinity_common import findable
 
 _BACKENDS = ("torchair", "torch_npu._inductor")
 
@@ -25,11 +26,8 @@ _BACKENDS = ("torchair", "torch_npu._inductor")
 def no_npu_compiler() -> str | None:
     """Condition: stand down (keep torch.compile on) when an Ascend compiler backend is installed."""
     for name in _BACKENDS:
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return f"an Ascend torch.compile backend is installed ({name}): torch.compile stays on"
-        except (ImportError, ValueError):
-            continue
+        if findable(name):
+            return f"an Ascend torch.compile backend is installed ({name}): torch.compile stays on"
     return None
 
 

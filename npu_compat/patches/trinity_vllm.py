@@ -81,31 +81,19 @@ def hccl_weight_transfer_engine(original: Any) -> Any:
 
 def has_hccl_engine() -> str | None:
     """Condition: vllm-ascend's HCCL weight-transfer engine (0.23.0.post1 and later) is installed."""
-    import importlib.util
+    from .trinity_common import findable, no_native_npu
 
-    try:
-        found = importlib.util.find_spec("vllm_ascend.distributed.weight_transfer.hccl_engine") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
+    if not findable("vllm_ascend.distributed.weight_transfer.hccl_engine"):
         return (
             "vllm-ascend's HCCL weight-transfer engine is not installed (needs vllm-ascend >= 0.23.0.post1)"
         )
-    from .trinity_common import no_native_npu
-
     return no_native_npu()
 
 
 def has_npu_worker() -> str | None:
     """Condition: vllm-ascend (its NPUWorker) is installed, and Trinity has no NPU support of its own."""
-    import importlib.util
+    from .trinity_common import findable, no_native_npu
 
-    try:
-        found = importlib.util.find_spec("vllm_ascend.worker.worker") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
+    if not findable("vllm_ascend.worker.worker"):
         return "vllm-ascend is not installed: there is no NPUWorker to run Trinity's worker on"
-    from .trinity_common import no_native_npu
-
     return no_native_npu()
