@@ -37,6 +37,16 @@ TORCH_SPECS = (
         remove_when="the upstream callers select hccl on NPU themselves",
     ),
     PatchSpec(
+        "torch.distributed.DeviceMesh",
+        "torch.distributed.device_mesh:DeviceMesh.__init__",
+        distribution=_TORCH,
+        versions=_TORCH_RANGE,
+        wrapper=_P + "torch_distributed:device_type_first",
+        expects=["device_type"],
+        why="a DeviceMesh built directly for device_type='cuda' (FSDP code that slices a mesh it made)",
+        remove_when="the upstream callers pass the device name they detected",
+    ),
+    PatchSpec(
         "torch.distributed.init_device_mesh",
         "torch.distributed.device_mesh:init_device_mesh",
         distribution=_TORCH,
@@ -259,6 +269,29 @@ TRINITY_060_SPECS = (
         why="trainer.device defaults to 'cuda': verl asks Ray for GPU bundles and num_gpus workers (row A28)",
         upstream_fix="verl's auto_set_device, which Trinity bypasses", remove_when=_NATIVE_RELEASE,
     ),
+    PatchSpec(
+        "trinity.vllm_extension.hccl_group", "trinity.common.models.vllm_extension:NCCLWeightTransferEngine",
+        distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE_HCCL,
+        replacement=_P + "trinity_vllm:hccl_engine_class",
+        why="checkpoint/memory weight sync builds its rollout-side group with vLLM's NCCL engine "
+        "(PyNcclCommunicator), in every sync mode (row A13)",
+        upstream_fix="Trinity's merged NPU support uses vllm-ascend's HCCL engine",
+        remove_when=_NATIVE_RELEASE,
+    ),
+    *(
+        PatchSpec(
+            f"trinity.vllm_extension.{name.strip('_')}.cuda_literals",
+            f"trinity.common.models.vllm_extension:CheckpointWeightTransferEngine.{name}",
+            distribution=_TRINITY, versions=_T06, condition=_NO_NATIVE,
+            replacement=_P + "device_literals:npu_literals",
+            why=f"{name} moves weights with .to('cuda') / torch.empty(device='cuda') and compares "
+            "device.type with 'cuda' (row A14): those exact constants read 'npu'",
+            upstream_fix="Trinity's merged NPU support uses the detected device", remove_when=_NATIVE_RELEASE,
+        )
+        for name in ("_produce_checkpoint_weights", "_consume_checkpoint_weights")
+    ),
+    _torch_view("trinity.vllm_extension.cuda", "trinity.common.models.vllm_extension", _T06,
+                "current_stream", "the rollout side of checkpoint/memory weight sync", "A14"),
     _torch_view("trinity.verl.workers.cuda", "trinity.trainer.verl.workers", _T06,
                 "current_device/synchronize", "the trainer's LoRA save and NCCL weight sync", "A21, A22"),
     _torch_view("trinity.verl.fsdp_engine.cuda", "trinity.trainer.verl.fsdp_engine", _T06,
@@ -284,9 +317,12 @@ TRINITY_052_SPECS = (
                 "synchronize/empty_cache", "the rollout side of weight sync", "14"),
 )  # fmt: skip
 
+# -- Trinity-RFT 0.6.0: WRONG rows (A2, A3, A7, A35; issue 6) -----------------------------------------
+TRINITY_060_WRONG_SPECS: "tuple[PatchSpec, ...]" = ()
+
 SPECS: "tuple[PatchSpec, ...]" = (
     *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *COMPILE_SPECS,
-    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS,
+    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_060_WRONG_SPECS, *TRINITY_052_SPECS,
 )  # fmt: skip
 
 # -- Process seams (issue 4) ---------------------------------------------------------------

@@ -79,6 +79,23 @@ def hccl_weight_transfer_engine(original: Any) -> Any:
     return VLLMWeightTransferEngine
 
 
+def hccl_engine_class(original: Any) -> Any:
+    """Replacement for ``trinity.common.models.vllm_extension:NCCLWeightTransferEngine`` (A13).
+
+    Trinity's ``CheckpointWeightTransferEngine`` (checkpoint and memory sync, which the explorer
+    sets up in every sync mode) builds its rollout-side group with
+    ``NCCLWeightTransferEngine._stateless_init_process_group(addr, port, rank, world, device=)``,
+    a ``PyNcclCommunicator``.  vllm-ascend's ``HCCLWeightTransferEngine`` has the same static
+    method with the same arguments, returning a ``PyHcclCommunicator`` with the same
+    ``rank`` / ``group.broadcast_obj`` / ``broadcast(tensor, src, stream=)`` surface.  The module
+    uses the name for nothing else.
+    """
+    del original
+    from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
+
+    return HCCLWeightTransferEngine
+
+
 def has_hccl_engine() -> str | None:
     """Condition: vllm-ascend's HCCL weight-transfer engine (0.23.0.post1 and later) is installed."""
     from .trinity_common import findable, no_native_npu

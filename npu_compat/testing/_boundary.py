@@ -12,6 +12,8 @@ it; :func:`host_device` is the device a stand-in allocates on instead (the CPU).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -39,4 +41,50 @@ def host_device(device: Any = None) -> Any:
     return torch.device("cpu") if device.type == "npu" else device
 
 
-__all__ = ["SimulatedComputeBoundary", "host_device", "needs_npu"]
+def _is_npu(device: Any) -> bool:
+    import torch
+
+    if isinstance(device, str):
+        return device == "npu" or device.startswith("npu:")
+    return isinstance(device, torch.device) and device.type == "npu"
+
+
+@contextlib.contextmanager
+def npu_on_host() -> Iterator[list[str]]:
+    """Let tensors meant for the NPU live on the host, and record every such request.
+
+    Under the simulation no tensor can be allocated on ``npu``; inside this context a
+    ``device=`` argument naming ``npu``/``npu:N`` (a factory such as ``torch.empty``, or
+    ``Tensor.to``) is served on the CPU instead -- the same host memory the simulated
+    collectives use -- and appended to the list the context yields.  Anything else,
+    ``cuda`` included, is passed through untouched, so code that still asks for CUDA
+    fails as it would on an Ascend host.  For tests that drive a data path (weight
+    sync) past the point where real code moves tensors to the device.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    requests: list[str] = []
+
+    def on_host(value: Any) -> Any:
+        if _is_npu(value):
+            requests.append(str(value))
+            return torch.device("cpu")
+        return value
+
+    class NpuOnHost(TorchFunctionMode):  # type: ignore[misc]
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            if "device" in kwargs:
+                kwargs["device"] = on_host(kwargs["device"])
+            if func is torch.Tensor.to and len(args) > 1:
+                args = (args[0], on_host(args[1]), *args[2:])
+            return func(*args, **kwargs)
+
+    with NpuOnHost():
+        yield requests
+
+
+__all__ = ["SimulatedComputeBoundary", "host_device", "needs_npu", "npu_on_host"]

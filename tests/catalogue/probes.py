@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 import uuid
@@ -293,6 +294,143 @@ def probe_A24() -> dict[str, Any]:
     )  # fmt: skip
     module = _build_module(engine)
     return {"module": type(module).__name__, "param_device": str(next(module.parameters()).device)}
+
+
+def checkpoint_weights() -> dict[str, Any]:
+    """A small checkpoint's tensors (each one's bytes aligned, as vLLM's packed protocol needs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    return {
+        "embed.weight": torch.randn(4, 4, generator=g),
+        "norm.weight": torch.arange(8, dtype=torch.bfloat16),
+        "step": torch.tensor([5], dtype=torch.int64),
+    }
+
+
+def save_checkpoint(directory: str) -> None:
+    """Write :func:`checkpoint_weights` where Trinity's checkpoint sync reads it (``model.safetensors``)."""
+    from safetensors.torch import save_file
+
+    save_file(checkpoint_weights(), os.path.join(directory, "model.safetensors"))
+
+
+def checkpoint_engine(rank: int, world_size: int) -> Any:
+    """Trinity's CheckpointWeightTransferEngine as a vLLM worker of a TP group of ``world_size`` builds it."""
+    import torch
+    from trinity.common.models.vllm_extension import CheckpointWeightTransferEngine
+    from vllm.config.parallel import ParallelConfig
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    parallel = ParallelConfig(tensor_parallel_size=world_size)
+    parallel.rank = rank
+    return CheckpointWeightTransferEngine(
+        WeightTransferConfig(backend="checkpoint"), parallel, torch.nn.Linear(2, 2)
+    )
+
+
+def init_info(port: int, world_size: int) -> Any:
+    from trinity.common.models.vllm_extension import CheckpointWeightTransferInitInfo
+
+    return CheckpointWeightTransferInitInfo(
+        master_address="127.0.0.1", master_port=port, rank_offset=0, world_size=world_size,
+        sync_method="checkpoint", namespace="probe",
+    )  # fmt: skip
+
+
+def receive_checkpoint(engine: Any, directory: str) -> dict[str, Any]:
+    """Run one checkpoint sync on ``engine`` (rank 0 reads ``directory``); what ``load_weights`` got."""
+    from trinity.common.models.vllm_extension import CheckpointWeightTransferUpdateInfo
+
+    from npu_compat.testing._boundary import npu_on_host
+
+    loaded: dict[str, Any] = {}
+    with npu_on_host() as requests:
+        engine.receive_weights(
+            CheckpointWeightTransferUpdateInfo(checkpoint_path=directory),
+            load_weights=lambda weights: loaded.update({name: t.clone() for name, t in weights}),
+        )
+    return {"loaded": loaded, "npu_requests": sorted(set(requests))}
+
+
+def _two_ranks(work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """Run ``work(rank)`` for ranks 0 and 1 in two threads (a TP-2 pair of vLLM workers).
+
+    Each rank's result is kept until both are done: it holds the rank's group, and rank 0's
+    group hosts the store rank 1 still reads from.
+    """
+    boxes: list[dict[str, Any]] = [{}, {}]
+
+    def run(i: int) -> None:
+        try:
+            boxes[i]["result"] = work(i)
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller
+            boxes[i]["error"] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    # a rank that fails leaves its peer blocked on the group for good: report the failure at once
+    while any(t.is_alive() for t in threads) and not any("error" in b for b in boxes):
+        if time.monotonic() > deadline:
+            raise Pending(f"a rank is still blocked after {timeout:.0f}s")
+        threads[0].join(0.05)
+    for box in boxes:
+        if "error" in box:
+            raise box["error"]
+    return [box["result"] for box in boxes]
+
+
+def probe_A13() -> dict[str, Any]:
+    """Checkpoint/memory sync: two vLLM workers form their weight-sync group and it answers a collective."""
+    import torch
+
+    port = _free_port()
+
+    def join(rank: int) -> Any:
+        engine = checkpoint_engine(rank, 2)
+        engine.init_transfer_engine(init_info(port, 2))
+        group = engine.model_update_group
+        total = group.all_reduce(torch.ones(2) * (rank + 1))
+        return {"group": type(group).__name__, "sum": None if total is None else total.tolist()}, engine
+
+    ranks = [result for result, _engine in _two_ranks(join)]
+    if ranks[0]["sum"] != [3.0, 3.0]:
+        raise AssertionError(f"the weight-sync group did not reduce: {ranks}")
+    return {"ranks": ranks}
+
+
+def probe_A14() -> dict[str, Any]:
+    """Checkpoint sync's data path: rank 0 reads the checkpoint and broadcasts it, both ranks load it.
+
+    The group comes from vllm-ascend's HCCL engine directly (harness), so only the data path is probed.
+    """
+    import tempfile
+
+    import torch
+    from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        save_checkpoint(directory)
+
+        def sync(rank: int) -> Any:
+            engine = checkpoint_engine(rank, 2)
+            engine.model_update_group = HCCLWeightTransferEngine._stateless_init_process_group(
+                "127.0.0.1", port, rank, 2, torch.accelerator.current_device_index()
+            )
+            engine._sync_method, engine._namespace, engine._synchronizer = "checkpoint", "probe", None
+            return receive_checkpoint(engine, directory), engine
+
+        ranks = [result for result, _engine in _two_ranks(sync)]
+    expected = checkpoint_weights()
+    for got in ranks:
+        if sorted(got["loaded"]) != sorted(expected) or not all(
+            torch.equal(got["loaded"][name], tensor) for name, tensor in expected.items()
+        ):
+            raise AssertionError(f"weights did not arrive intact: {sorted(got['loaded'])}")
+    return {"npu_requests": [got["npu_requests"] for got in ranks]}
 
 
 # -- trinity-rft 0.6.0 on verl < 0.8 (trinity.trainer.verl_legacy) -------------------------------

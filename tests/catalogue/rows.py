@@ -38,6 +38,10 @@ ROWS: tuple[Row, ...] = (
         "ValueError: Cannot schedule vLLMRolloutModel", 5, fixed=True),
     Row("A12", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_worker:TrinityGPUWorker",
         "AssertionError: GPU worker class chosen on an NPU host", 6, fixed=True),
+    Row("A13", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_extension:CheckpointWeightTransferEngine.init_transfer_engine",
+        "AssertionError: the weight-sync group did not reduce", 6, fixed=True),
+    Row("A14", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_extension:CheckpointWeightTransferEngine.receive_weights",
+        "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A16", "0.6.0", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5, fixed=True),
     Row("A17", "0.6.0", "any", "CRASH", "trinity.utils.distributed:VLLMWeightTransferEngine",
         "RuntimeError: torch.cuda.Stream requires CUDA support", 6, fixed=True),
@@ -69,8 +73,6 @@ ROWS: tuple[Row, ...] = (
 #: HANG/CRASH rows of the map that no probe drives yet, and why.
 NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
-    "A13": "rollout-side group of CheckpointWeightTransferEngine (static NCCL call): not patched yet (issue 6)",
-    "A14": "cuda literals/streams in checkpoint transfer: not patched yet; npu tensors are the simulation's boundary",
     "A20": "VERLTrainer.__init__ needs a model on disk; driven by the end-to-end scenario (issue 8)",
     "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
     "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from npu_compat.patches.device_literals import cuda_literals, npu_literals
 from npu_compat.patches.ray_resources import npu_bundle, npu_options
 from npu_compat.patches.torch_distributed import npu_backend, npu_device
 
@@ -59,3 +60,41 @@ def test_bundles_and_options_keep_fractions_and_other_resources() -> None:
     untouched = {"num_cpus": 2}
     npu_options(untouched)
     assert untouched == {"num_cpus": 2}
+
+
+_SCALE = 3
+
+
+def _moves(tensor: object, target: str = "cuda:1", *, note: str = "see cuda docs") -> tuple[object, ...]:
+    """Stands for an upstream function that spells its devices as constants."""
+
+    def post_iter(item: object) -> tuple[object, ...]:  # a nested function, as upstream's post_iter_func
+        return (item, "cuda", "cuda_graph", _SCALE)
+
+    return ("cuda", "cuda:0", "CUDA", "cuda-node", "/opt/cuda/lib", target, note, post_iter(tensor))
+
+
+def test_device_literals_rewrites_exact_constants_only() -> None:
+    assert sorted(cuda_literals(_moves)) == ["cuda", "cuda", "cuda:0"]  # defaults are not code
+    rewritten = npu_literals(_moves)
+    # the default "cuda:1" is an argument, not code: it stays as the caller would see it
+    assert rewritten("t") == (
+        "npu", "npu:0", "CUDA", "cuda-node", "/opt/cuda/lib", "cuda:1", "see cuda docs",
+        ("t", "npu", "cuda_graph", 3),
+    )  # fmt: skip
+    assert rewritten("t", "npu:1", note="n")[5:7] == ("npu:1", "n")
+    assert (rewritten.__name__, rewritten.__qualname__, rewritten.__doc__) == (
+        _moves.__name__, _moves.__qualname__, _moves.__doc__,
+    )  # fmt: skip
+    assert rewritten.__globals__ is _moves.__globals__ and rewritten.__wrapped__ is _moves  # type: ignore[attr-defined]
+    assert _moves("t")[0] == "cuda"  # the original is left as it was
+
+
+def test_device_literals_refuses_what_it_cannot_rewrite() -> None:
+    def no_device() -> str:
+        return "cpu"
+
+    with pytest.raises(ValueError, match="no longer holds"):
+        npu_literals(no_device)
+    with pytest.raises(TypeError, match="plain function"):
+        npu_literals(len)

@@ -44,9 +44,17 @@ dist.all_gather(parts, torch.full((2,), float(rank)))
 sub = dist.new_group([0, 1], backend="nccl")
 s = torch.ones(1) * (rank + 1)
 dist.all_reduce(s, group=sub)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+meshes = {"init_device_mesh": init_device_mesh("cuda", (2,), mesh_dim_names=("dp",)),
+          "DeviceMesh": DeviceMesh(device_type="cuda", mesh=[0, 1])}  # built directly, as FSDP code does
+mesh_sums = {}
+for how, mesh in meshes.items():
+    m = torch.ones(1) * (rank + 1)
+    dist.all_reduce(m, group=mesh.get_group())
+    mesh_sums[how] = [mesh.device_type, str(dist.get_backend(mesh.get_group())), m.tolist()]
 print(json.dumps({"device": DEVICE, "backend": str(dist.get_backend()), "sub": str(dist.get_backend(sub)),
                   "sum": t.tolist(), "bcast": b.tolist(), "gather": [p.tolist() for p in parts],
-                  "subsum": s.tolist()}))
+                  "subsum": s.tolist(), "meshes": mesh_sums}))
 dist.destroy_process_group()
 """
 
@@ -70,6 +78,7 @@ def test_nccl_request_runs_real_collectives_over_hccl(asked: str, got: str) -> N
         assert result["bcast"] == [0.0, 1.0, 2.0, 3.0]
         assert result["gather"] == [[0.0, 0.0], [1.0, 1.0]]
         assert result["subsum"] == [3.0]
+        assert result["meshes"] == {how: ["npu", got, [3.0]] for how in ("init_device_mesh", "DeviceMesh")}
 
 
 def test_stock_nccl_request_fails_on_the_simulated_ascend() -> None:
@@ -154,10 +163,16 @@ def test_cuda_decision_leaves_torch_distributed_identical() -> None:
         run_py(
             """
             import json, torch.distributed as dist, torch.distributed.distributed_c10d as c10d
-            before = [c10d.init_process_group, dist.init_process_group, c10d.new_group, dist.new_group]
+            import torch.distributed.device_mesh as dm
+
+            def objects():
+                return [c10d.init_process_group, dist.init_process_group, c10d.new_group, dist.new_group,
+                        dm.init_device_mesh, dist.init_device_mesh, dm.DeviceMesh.__dict__["__init__"]]
+
+            before = objects()
             import npu_compat
             device = npu_compat.activate()
-            after = [c10d.init_process_group, dist.init_process_group, c10d.new_group, dist.new_group]
+            after = objects()
             print(json.dumps({"device": device, "same": all(a is b for a, b in zip(before, after))}))
             """,
             env=_sim(NPU_COMPAT_DEVICE="cuda"),

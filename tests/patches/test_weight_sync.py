@@ -14,6 +14,7 @@ import json
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,62 @@ def test_trainer_broadcast_arrives_intact_in_the_rollout_worker() -> None:
     assert out["rollout"]["engine"] == "HCCLWeightTransferEngine"
     assert out["rollout"]["intact"], out["rollout"]
     assert out["rollout"]["names"] == ["embed.weight", "lm_head.bias", "step"]
+
+
+# -- checkpoint / memory sync (rows A13, A14): vLLM worker rank 0 reads, broadcasts to its peers --------
+
+CHECKPOINT_RANK = """
+import json, sys
+import npu_compat
+DEVICE = npu_compat.activate()
+import torch
+from tests.catalogue.probes import checkpoint_engine, checkpoint_weights, init_info, receive_checkpoint
+RANK, PORT, DIRECTORY = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+engine = checkpoint_engine(RANK, 2)   # a TP-2 vLLM worker's engine, as vLLM's factory builds it
+engine.init_transfer_engine(init_info(PORT, 2))
+got = receive_checkpoint(engine, DIRECTORY)
+want = checkpoint_weights()
+intact = sorted(got["loaded"]) == sorted(want) and all(
+    got["loaded"][n].dtype == want[n].dtype and torch.equal(got["loaded"][n], want[n]) for n in want)
+engine.model_update_group.all_reduce(torch.zeros(1))  # rank 0 keeps the group's store up until both loaded
+print(json.dumps({"device": DEVICE, "group": type(engine.model_update_group).__name__, "intact": intact,
+                  "npu_requests": got["npu_requests"],
+                  "patches": {r["id"]: r["status"] for r in npu_compat.report() if "vllm_extension" in r["id"]}}))
+"""
+
+
+def test_checkpoint_sync_reaches_every_rollout_rank(tmp_path: Any) -> None:
+    """Both TP ranks of a vLLM engine load the checkpoint rank 0 read, over HCCL, with npu tensors."""
+    from tests.catalogue.probes import save_checkpoint
+
+    save_checkpoint(str(tmp_path))
+    port = str(_port())
+    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHECKPOINT_RANK, str(rank), port, str(tmp_path)], env=env,
+                         cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    out = []
+    try:
+        for rank, proc in enumerate(procs):
+            stdout, stderr = proc.communicate(timeout=240)
+            assert proc.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+    applied = dict.fromkeys(
+        [
+            "trinity.vllm_extension.hccl_group",
+            "trinity.vllm_extension.produce_checkpoint_weights.cuda_literals",
+            "trinity.vllm_extension.consume_checkpoint_weights.cuda_literals",
+            "trinity.vllm_extension.cuda",
+        ],
+        "applied",
+    )
+    for rank in out:
+        assert rank["device"] == "npu" and rank["group"] == "PyHcclCommunicator", rank
+        assert rank["intact"], rank
+        assert rank["npu_requests"] == ["npu"], rank  # rank 0 moves to npu, rank 1 receives into npu
+        assert rank["patches"] == applied, rank
