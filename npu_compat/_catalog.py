@@ -359,9 +359,13 @@ TRINITY_060_WRONG_SPECS: "tuple[PatchSpec, ...]" = (
     ),
 )  # fmt: skip
 
+# -- Trinity-RFT 0.5.2: WRONG rows (2, 3, 9, 32; issue 7) --------------------------------------------
+TRINITY_052_WRONG_SPECS: "tuple[PatchSpec, ...]" = ()
+
 SPECS: "tuple[PatchSpec, ...]" = (
     *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *COMPILE_SPECS,
-    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_060_WRONG_SPECS, *TRINITY_052_SPECS,
+    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_060_WRONG_SPECS,
+    *TRINITY_052_SPECS, *TRINITY_052_WRONG_SPECS,
 )  # fmt: skip
 
 # -- Process seams (issue 4) ---------------------------------------------------------------
