@@ -40,9 +40,14 @@ def attach() -> None:
     write()
 
 
-def set_role(role: str, *, actor_class: "str | None" = None) -> None:
-    """Name what this process is (``ray-driver``, ``vllm (EngineCore_DP0)``…) and rewrite the report."""
+def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False) -> None:
+    """Name what this process is (``ray-driver``, ``vllm (EngineCore_DP0)``…) and rewrite the report.
+
+    With ``first``, a role (and actor class) already named is kept.
+    """
     global _role, _actor_class
+    if first and _actor_class is not None:
+        return
     _role = role
     _actor_class = actor_class or _actor_class
     if _attached:

@@ -116,11 +116,24 @@ def name_actor_in_report(wrapped, instance, args, kwargs):  # type: ignore[no-un
     known by then); costs one environment lookup when no report is written.
     """
     actor_class = wrapped(*args, **kwargs)
-    if os.environ.get(_env.REPORT_DIR):
+    if os.environ.get(_env.REPORT_DIR) and _is_actor_worker(instance):
         from .. import _reportfile
 
-        _reportfile.set_role("ray-actor", actor_class=getattr(actor_class, "__name__", None))
+        # Deserialising a handle to another actor loads that actor's class too (a synchronizer
+        # holding the trainer's handle): the first class loaded in an actor worker is its own.
+        _reportfile.set_role("ray-actor", actor_class=getattr(actor_class, "__name__", None), first=True)
     return actor_class
+
+
+def _is_actor_worker(function_manager: object) -> bool:
+    """A Ray worker process (not the driver, which loads classes when it deserialises handles)."""
+    try:
+        from ray._private import worker as worker_mod
+
+        worker = getattr(function_manager, "_worker", None) or worker_mod.global_worker
+        return bool(worker.mode == worker_mod.WORKER_MODE)
+    except Exception:  # noqa: BLE001 - reporting only: never break Ray
+        return False
 
 
 def _report_driver() -> None:

@@ -143,7 +143,26 @@ def run(mode: str, out: Path, timeout: float = 600, cluster: str = "auto") -> di
     summary["first_error"] = first_error(out)
     text = all_logs(out)
     summary["boundaries"] = [label for label, pattern in BOUNDARIES.items() if re.search(pattern, text)]
+    summary["applied"] = applied_by_process(workdir / "reports")
     return summary
+
+
+def applied_by_process(reports: Path) -> dict[str, list[str]]:
+    """Which patches each process reported ``applied``, keyed by what the process was.
+
+    The key is the Ray actor class (``Explorer``, ``vLLMRolloutModel``, ``WorkerDict``...) where
+    there is one, else the role (``ray-driver``, ``vllm (VllmWorker-0)``...); processes of one
+    kind are merged.  Only processes that applied something beyond the Ray/torch patches that
+    apply wherever those packages are imported are listed.
+    """
+    out: dict[str, set[str]] = {}
+    for path in sorted(reports.glob("*.json")) if reports.is_dir() else []:
+        report = json.loads(path.read_text())
+        key = str((report.get("ray") or {}).get("actor_class") or report.get("role"))
+        applied = {p["id"] for p in report.get("patches", []) if p.get("status") == "applied"}
+        if applied - {i for i in applied if i.startswith(("ray.", "torch."))}:
+            out.setdefault(key, set()).update(applied)
+    return {key: sorted(ids) for key, ids in sorted(out.items())}
 
 
 def all_logs(out: Path) -> str:

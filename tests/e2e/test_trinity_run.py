@@ -52,6 +52,15 @@ def test_compat_both_reaches_fsdp_on_npu_tensors(tmp_path: Path) -> None:
     result = _run(tmp_path, "compat", "auto", 420)
     assert result["stages"] == ["npus_counted", *TRAINER_SIDE], result
     assert result["boundaries"] == ["fsdp2: parameters moved to npu tensors"], result
+    # each patch is reported applied in the process where its code runs
+    _assert_applied(
+        result,
+        {
+            "ray-driver": ["trinity.config_validator.npu_count"],
+            "Trainer": ["trinity.verl.trainer.device_name", "ray.placement_group"],
+            "WorkerDict": ["trinity.verl.monkey_patch.cuda", "torch.distributed.init_process_group"],
+        },
+    )
 
 
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
@@ -74,3 +83,21 @@ def test_compat_explore_reaches_the_vllm_ascend_worker(tmp_path: Path) -> None:
     assert str(result["first_error"]).startswith("npu_compat.testing._boundary.SimulatedComputeBoundary"), (
         result
     )
+    _assert_applied(
+        result,
+        {
+            "ray-driver": ["trinity.config_validator.npu_count"],
+            "Explorer": ["ray.options.actor", "ray.placement_group"],
+            "vLLMRolloutModel": ["trinity.vllm_model.visible_devices", "vllm.weight_transfer.nccl_is_hccl"],
+            "vllm (VllmWorker-0)": ["trinity.vllm.worker_cls", "vllm.weight_transfer.nccl_is_hccl"],
+        },
+    )
+
+
+def _assert_applied(result: dict[str, object], expected: dict[str, list[str]]) -> None:
+    applied = result["applied"]
+    assert isinstance(applied, dict), result
+    for process, ids in expected.items():
+        assert process in applied, f"no report of a {process} process applying a patch: {sorted(applied)}"
+        missing = set(ids) - set(applied[process])
+        assert not missing, f"{process}: {sorted(missing)} not applied; applied: {applied[process]}"

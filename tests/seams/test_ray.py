@@ -55,8 +55,17 @@ class Probe:
                  "hook": os.environ.get("USER_HOOK_RAN"),
                  "env": sorted(k for k in os.environ if k.startswith("NPU_COMPAT"))}}
 
+@ray.remote(num_cpus=0)
+class Holder:
+    def hold(self, handles):  # deserialising a handle loads the other actor's class here
+        return os.getpid(), handles[0]
+
 probe = Probe.options(name="probe-{tag}").remote()
 out = ray.get(probe.look.remote(), timeout=120)
+holder = Holder.options(name="holder-{tag}").remote()
+out["holder_pid"], _handle = ray.get(holder.hold.remote([probe]), timeout=120)  # and in the driver
+out["driver_pid"] = os.getpid()
+ray.kill(holder)
 ray.kill(probe)
 print(json.dumps(out))
 """
@@ -116,6 +125,12 @@ def test_an_activated_driver_carries_npu_compat_into_a_plain_clusters_workers(tm
         assert rep is not None, tag
         assert rep["activated_by"] == "ray-setup-hook"
         assert rep["role"] == "ray-actor" and rep["ray"]["actor_name"] == f"probe-{tag}"  # type: ignore[index]
+        assert rep["ray"]["actor_class"] == "Probe"  # type: ignore[index]
+        # an actor holding another's handle is still itself; the driver still the driver
+        holder = report_for(reports, out["holder_pid"])
+        assert holder is not None and holder["ray"]["actor_class"] == "Holder", holder  # type: ignore[index]
+        driver = report_for(reports, out["driver_pid"])
+        assert driver is not None and driver["role"] == "ray-driver", driver
         # the job's own hook still runs, after ours
         assert out["hook"] == (None if tag == "none" else "after-activation"), tag
     # the same raylet, a driver that is not activated: its workers are not either
