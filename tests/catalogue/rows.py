@@ -77,8 +77,8 @@ NOT_YET_DRIVEN: dict[str, str] = {
     "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
     "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",
     "A29": "legacy _build_model_optimizer needs a full verl worker config",
-    "14": "rollout-side update_weight needs a loaded vLLM model runner",
-    "23": "trainer-side setup_weight_sync_group needs the Synchronizer actor and a two-process group (issue 7)",
+    "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
+    "23": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
 }
 
 
