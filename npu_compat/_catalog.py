@@ -317,55 +317,53 @@ TRINITY_052_SPECS = (
                 "synchronize/empty_cache", "the rollout side of weight sync", "14"),
 )  # fmt: skip
 
-# -- Trinity-RFT 0.6.0: WRONG rows (A2, A3, A7, A35; issue 6) -----------------------------------------
-TRINITY_060_WRONG_SPECS: "tuple[PatchSpec, ...]" = (
+# -- Trinity-RFT, both releases: device settings that silently do the CUDA thing (WRONG rows; issues 6, 7) --
+# 0.6.0: A2, A3, A7, A35; 0.5.2: 2, 3, 9, 32 -- the same code in both releases.
+TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
     PatchSpec(
         "trinity.vllm_model.visible_devices", "trinity.common.models.vllm_model:vLLMRolloutModel.__init__",
-        distribution=_TRINITY, versions=">=0.6.0,<0.7", condition=_NO_NATIVE,
+        distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:ascend_visible_devices", expects=["config"],
         why="exports config.cuda_visible_devices (colocate mode: '0', set by ExplorerConfigValidator) as "
-        "CUDA_VISIBLE_DEVICES, which Ascend ignores: it becomes ASCEND_RT_VISIBLE_DEVICES (rows A7, A2)",
+        "CUDA_VISIBLE_DEVICES, which Ascend ignores: it becomes ASCEND_RT_VISIBLE_DEVICES "
+        "(rows A7, A2; 0.5.2: 9, 2)",
         upstream_fix="Trinity's merged NPU support exports the detected device's visible-devices variable",
         remove_when=_NATIVE_RELEASE,
     ),
     PatchSpec(
         "trinity.config_validator.npu_memory_check",
         "trinity.common.config_validator:GPUMemoryValidator.validate_trainer_memory_usage",
-        distribution=_TRINITY, versions=">=0.6.0,<0.7", condition=_NO_NATIVE,
+        distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_memory_check", expects=["config"],
         why="the trainer memory check asks torch.cuda.is_available() (False on Ascend), logs 'NO GPU "
-        "DETECTED' and skips: it runs against torch.npu.get_device_properties(0) (row A3)",
+        "DETECTED' and skips: it runs against torch.npu.get_device_properties(0) (rows A3; 0.5.2: 3)",
         upstream_fix="Trinity's merged NPU support asks the detected device module",
         remove_when=_NATIVE_RELEASE,
     ),
     PatchSpec(
         "trinity.config_validator.npu_alloc_conf",
         "trinity.common.config_validator:GPUMemoryValidator._check_max_memory_in_fsdp_training",
-        distribution=_TRINITY, versions=">=0.6.0,<0.7", condition=_NO_NATIVE,
+        distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_alloc_conf", expects=["module_name"],
         why="the FSDP memory threshold and advice follow PYTORCH_CUDA_ALLOC_CONF; torch_npu reads "
-        "PYTORCH_NPU_ALLOC_CONF (row A3; reached with verl < 0.8)",
+        "PYTORCH_NPU_ALLOC_CONF (rows A3; 0.5.2: 3; with trinity 0.6 reached with verl < 0.8)",
         upstream_fix="Trinity's merged NPU support reads the detected device's allocator variable",
         remove_when=_NATIVE_RELEASE,
     ),
     PatchSpec(
         "trinity.lora_utils.empty_cache", "trinity.utils.lora_utils:create_dummy_lora",
-        distribution=_TRINITY, versions=">=0.6.0,<0.7", condition=_NO_NATIVE,
+        distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_empty_cache", copies=["trinity.common.config_validator"],
         why="create_dummy_lora frees the dummy model with torch.cuda.empty_cache(), a no-op on Ascend: "
-        "torch.npu.empty_cache() runs after it (row A35)",
+        "torch.npu.empty_cache() runs after it (rows A35; 0.5.2: 32)",
         upstream_fix="Trinity's merged NPU support empties the detected device's cache",
         remove_when=_NATIVE_RELEASE,
     ),
 )  # fmt: skip
 
-# -- Trinity-RFT 0.5.2: WRONG rows (2, 3, 9, 32; issue 7) --------------------------------------------
-TRINITY_052_WRONG_SPECS: "tuple[PatchSpec, ...]" = ()
-
 SPECS: "tuple[PatchSpec, ...]" = (
     *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *COMPILE_SPECS,
-    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_060_WRONG_SPECS,
-    *TRINITY_052_SPECS, *TRINITY_052_WRONG_SPECS,
+    *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS, *TRINITY_DEVICE_SETTINGS_SPECS,
 )  # fmt: skip
 
 # -- Process seams (issue 4) ---------------------------------------------------------------

@@ -1,30 +1,34 @@
-"""Trinity-RFT 0.6.0's device settings that run but do the wrong thing on Ascend (map rows A2, A3, A7, A35).
+"""Trinity-RFT's device settings that run but do the wrong thing on Ascend.
 
+Map rows A2, A3, A7, A35 (0.6.0) and their 0.5.2 twins 2, 3, 9, 32: the code is the same in both
+releases (names, signatures, the advice line), so one spec (its range covers both) serves both.
 None of these crash: on an Ascend host they pass silently and do the CUDA thing instead.
 
-* ``vLLMRolloutModel.__init__`` (rows A7 and A2): ``config.cuda_visible_devices`` (colocate mode only;
-  ``ExplorerConfigValidator`` sets it to ``"0"``, row A2) is exported as ``CUDA_VISIBLE_DEVICES``, which
-  neither torch_npu nor vllm-ascend reads: the rollout engine keeps the devices Ray gave the actor.
-  The same value is exported as ``ASCEND_RT_VISIBLE_DEVICES`` instead, before ``__init__`` runs, and
-  ``__init__`` sees no value for the duration of the call, so it exports no ``CUDA_VISIBLE_DEVICES``
-  (the field is restored afterwards; nothing else in ``__init__`` reads it).  Row A2 needs no change of
-  its own: the validator's ``"0"`` means "the first visible device" on either platform, the field is
-  Trinity's config schema (there is no Ascend field to set instead), and this is its only reader
-  outside SGLang (out of scope).
-* ``GPUMemoryValidator.validate_trainer_memory_usage`` (row A3): asks ``torch.cuda.is_available()``,
-  which is False on Ascend (and must stay False), logs "NO GPU DETECTED" and skips the trainer memory
-  check.  Where ``torch.npu`` has a device, the method's few lines run against it: the capacity comes
-  from ``torch.npu.get_device_properties(0)`` and the FSDP check runs as upstream would run it.  The
-  method imports torch locally, so a scoped torch view of the module would not reach it.
-* ``GPUMemoryValidator._check_max_memory_in_fsdp_training`` (row A3, verl < 0.8 only: with verl 0.8
-  Trinity skips the FSDP check): the threshold is 90 % of the device with
+* ``vLLMRolloutModel.__init__`` (rows A7 and A2; 0.5.2: 9 and 2): ``config.cuda_visible_devices``
+  (colocate mode only; ``ExplorerConfigValidator`` sets it to ``"0"``, row A2) is exported as
+  ``CUDA_VISIBLE_DEVICES``, which neither torch_npu nor vllm-ascend reads: the rollout engine keeps the
+  devices Ray gave the actor.  The same value is exported as ``ASCEND_RT_VISIBLE_DEVICES`` instead,
+  before ``__init__`` runs, and ``__init__`` sees no value for the duration of the call, so it exports
+  no ``CUDA_VISIBLE_DEVICES`` (the field is restored afterwards; nothing else in ``__init__`` reads it).
+  Row A2 needs no change of its own: the validator's ``"0"`` means "the first visible device" on either
+  platform, the field is Trinity's config schema (there is no Ascend field to set instead), and this is
+  its only reader outside SGLang (out of scope).  0.5.2's ``__init__`` also builds the vLLM engine, after
+  the export: the engine starts with ``ASCEND_RT_VISIBLE_DEVICES`` already set.
+* ``GPUMemoryValidator.validate_trainer_memory_usage`` (row A3; 0.5.2: 3): asks
+  ``torch.cuda.is_available()``, which is False on Ascend (and must stay False), logs "NO GPU DETECTED"
+  and skips the trainer memory check.  Where ``torch.npu`` has a device, the method's few lines run
+  against it: the capacity comes from ``torch.npu.get_device_properties(0)`` and the FSDP check runs as
+  upstream would run it.  The method imports torch locally, so a scoped torch view of the module would
+  not reach it.
+* ``GPUMemoryValidator._check_max_memory_in_fsdp_training`` (row A3; 0.5.2: 3; reached by 0.6 with
+  verl < 0.8 only, by 0.5.2 always): the threshold is 90 % of the device with
   ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and 80 % without, and the advice names that
   variable.  torch_npu reads ``PYTORCH_NPU_ALLOC_CONF``.  The flag and the threshold, set by
   ``fsdp_memory_check`` just before, are recomputed from the NPU variable (same test: the whole value
   equals ``expandable_segments:True``) where they are used, and the advice line that names the CUDA
   variable -- matched as the whole line -- names the NPU one.
-* ``create_dummy_lora`` (row A35): frees the dummy model with ``torch.cuda.empty_cache()``, a no-op
-  on Ascend; ``torch.npu.empty_cache()`` runs after it.  Again a local ``import torch``.
+* ``create_dummy_lora`` (row A35; 0.5.2: 32): frees the dummy model with ``torch.cuda.empty_cache()``, a
+  no-op on Ascend; ``torch.npu.empty_cache()`` runs after it.  Again a local ``import torch``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from .. import _env
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 #: The value Trinity's memory check looks for (compared with the whole variable, as upstream does).
 EXPANDABLE = "expandable_segments:True"
-#: Trinity 0.6.0's advice line, and what it becomes.
+#: Trinity's advice line (the same in 0.5.2 and 0.6.0), and what it becomes.
 CUDA_ADVICE = "• Set environment variable `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
 NPU_ADVICE = f"• Set environment variable `{NPU_ALLOC_CONF}={EXPANDABLE}`"
 
