@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nox
@@ -49,7 +50,7 @@ def _find_links() -> list[str]:
 def lint(session: nox.Session) -> None:
     """ruff and mypy (strict) on the package."""
     session.install("ruff==0.17.6", "mypy==2.4.1", "wrapt>=2.4,<3", "packaging", "pytest>=8")
-    paths = ["npu_compat", "tests", "bench", "noxfile.py"]
+    paths = ["npu_compat", "tests", "bench", "examples", "noxfile.py"]
     paths += ["_npu_compat_boot.py", "sitecustomize.py", "setup.py"]  # the bootstrap at the wheel's root
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
@@ -78,13 +79,18 @@ def engine(session: nox.Session) -> None:
     session.run("pytest", "tests/engine", "tests/seams", "tests/patches/test_rewrites.py", *session.posargs)
 
 
+def _install_stack(session: nox.Session, pins: str) -> None:
+    """The pinned stack ``stacks/<pins>`` and npu-compat itself, both with ``--no-deps``."""
+    # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
+    strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
+    session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
+    session.install("--no-deps", ".")
+
+
 def _stack_session(name: str, pins: str) -> None:
     @nox.session(name=f"stack-{name}", python="3.11")
     def stack(session: nox.Session) -> None:
-        # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
-        strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
-        session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
-        session.install("--no-deps", ".")
+        _install_stack(session, pins)
         session.run("pytest", "tests", *session.posargs)
 
     stack.__doc__ = f"Every test against the real upstream stack {pins[:-4]}."
@@ -96,7 +102,16 @@ for _name, _pins in STACKS.items():
 
 @nox.session(python="3.11")
 def demo(session: nox.Session) -> None:
-    """The main job: what npu-compat decides and would patch on this host, and on an NPU decision."""
-    session.install(".")
-    session.run("python", "-m", "npu_compat", "report")
-    session.run("python", "-m", "npu_compat", "report", "--device", "npu")
+    """The main job: the real `trinity run` of stack (a) on a simulated Ascend, stock and with npu-compat.
+
+    ``examples/e2e/demo.py`` (arguments after ``--`` go to it): progress with elapsed seconds, the two
+    runs side by side, the npu-compat run's per-process patch table.  A few minutes after the install.
+    """
+    started = time.time()
+    session.log(f"[    0 s] installing stack (a) ({STACKS['a']}) and npu-compat, as the stack-a session")
+    _install_stack(session, STACKS["a"])
+    # On Ctrl-C the demo stops its `trinity run` and Ray cluster: give it time (nox's default: 0.3 s)
+    session.run(
+        "python", "examples/e2e/demo.py", "--since", f"{started:.3f}", *session.posargs,
+        interrupt_timeout=120, terminate_timeout=30,
+    )  # fmt: skip

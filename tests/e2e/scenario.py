@@ -9,10 +9,17 @@ Test harness, never part of ``npu_compat``.  ``python -m tests.e2e.scenario {com
   with a bounded timeout, then copies the driver's output, every Ray process's log and the
   per-process npu-compat reports into ``OUT``, and prints a JSON summary: the stages reached
   (:data:`STAGES`, found in the logs), the wall time, the exit status and the first error.
+
+While the driver runs, the logs are read as they grow (:class:`_LogWatch`): ``stage_s`` in the
+summary says when each stage, compute boundary and infeasible Ray request was first seen;
+:func:`run`'s ``progress`` is told each phase and each of those as it happens, and ``stuck_after``
+stops a run that Ray has declared unschedulable.  The driver's process group is killed on every
+way out of :func:`run` (an exception or Ctrl-C included), and the cluster stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from npu_compat.testing._ray import npu_ray_cluster
@@ -59,6 +67,77 @@ BOUNDARIES: dict[str, str] = {
     # a vllm_ascend stand-in reached the point where the real one computes on the NPU.
     "vllm-ascend stand-in: needs a real NPU": r"simulated Ascend: [\w.]+ needs a real NPU",
 }
+
+
+#: Ray's verdict on a resource request that no node of the cluster can ever fulfil: on an NPU-only
+#: cluster a ``"GPU"`` request stays pending for good (the stock hang).
+INFEASIBLE = r"No available node types can fulfill resource request"
+
+#: Log files read for stages (the suffixes :func:`all_logs` reads).
+_LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
+
+
+class _LogWatch:
+    """The logs of a running scenario, read incrementally: which patterns appeared, and when.
+
+    ``roots`` are files or directories (searched recursively); only complete lines are matched,
+    each pattern with ``re.MULTILINE`` against the lines new since the last :meth:`poll`.
+    """
+
+    def __init__(self, roots: list[Path], patterns: dict[str, str], started: float) -> None:
+        self.roots = roots
+        self.patterns = {name: re.compile(pattern, re.MULTILINE) for name, pattern in patterns.items()}
+        self.started = started
+        self.found: dict[str, float] = {}
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+
+    def _files(self) -> list[Path]:
+        files = []
+        for root in self.roots:
+            if root.is_file():
+                files.append(root)
+            elif root.is_dir():
+                with contextlib.suppress(OSError):  # a directory that went away while listed
+                    files += [p for p in root.rglob("*") if p.suffix in _LOG_SUFFIXES and p.is_file()]
+        return files
+
+    def poll(self) -> list[str]:
+        """The names of the patterns seen for the first time since the last call, in pattern order."""
+        new_text = []
+        for path in self._files():
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            self._offsets[path] = offset + len(chunk)
+            data = self._partial.pop(path, b"") + chunk
+            complete, _, rest = data.rpartition(b"\n")
+            if rest:
+                self._partial[path] = rest
+            if complete:
+                new_text.append(complete.decode(errors="replace"))
+        text = "\n".join(new_text)
+        now = round(time.monotonic() - self.started, 1)
+        fresh = [n for n, p in self.patterns.items() if n not in self.found and p.search(text)]
+        for name in fresh:
+            self.found[name] = now
+        return fresh
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the driver's process group, SIGKILL it if it has not exited 30 s later."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
@@ -100,23 +179,55 @@ def _config(workdir: Path, cluster: str) -> Path:
     return path
 
 
-def run(mode: str, out: Path, timeout: float = 600, cluster: str = "auto") -> dict[str, object]:
+#: Seconds between two reads of the growing logs while the driver runs.
+POLL_S = 2.0
+
+
+def run(
+    mode: str,
+    out: Path,
+    timeout: float = 600,
+    cluster: str = "auto",
+    *,
+    progress: Callable[[str], None] | None = None,
+    stuck_after: float | None = None,
+) -> dict[str, object]:
+    """Run the scenario once; return its summary (see the module docstring).
+
+    ``progress`` is called with one line per phase (tiny model, cluster, driver, each stage /
+    boundary / infeasible request as it first appears in the logs, collecting).  ``stuck_after``:
+    stop the driver that many seconds after Ray declared a request infeasible (:data:`INFEASIBLE`),
+    with ``rc`` ``"stuck"``; ``None`` waits for the driver or the ``timeout`` (``rc`` ``"timeout"``).
+    """
+    say = progress or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "work"
     workdir.mkdir(exist_ok=True)
     model = out / "tiny-model"
     env = _env(mode, workdir, model)
+    say("making the tiny model (tests/e2e/tiny_model.py)")
     subprocess.run(
         [sys.executable, "-m", "tests.e2e.tiny_model", str(model)],
         env={**env, "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     prefix = [sys.executable, "-m", "npu_compat"] if mode == "compat" else None
     trinity = str(Path(sys.executable).with_name("trinity"))
-    argv = [*(prefix or []), trinity, "run", "--config", str(_config(workdir, cluster))]
+    config = _config(workdir, cluster)
+    argv = [*(prefix or []), trinity, "run", "--config", str(config)]
     summary: dict[str, object] = {"mode": mode, "cluster": cluster}
-    with npu_ray_cluster(npus=2, cpus=4, env=env, command_prefix=prefix, start_timeout=180) as cluster:
-        driver_env = {**cluster.env, "RAY_ADDRESS": cluster.address}
+    what = "`python -m npu_compat trinity run`" if prefix else "stock `trinity run`"
+    what += f" --config {config.name} (mode {'explore' if cluster == 'explore' else 'both'}, bound {timeout:.0f} s)"
+    how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
+    say(f"starting the simulated NPU-only Ray cluster ({{'NPU': 2}}, no GPU; {how})")
+    with npu_ray_cluster(npus=2, cpus=4, env=env, command_prefix=prefix, start_timeout=180) as ray_cluster:
+        driver_env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
+        say(f"running {what}")
         started = time.monotonic()
+        patterns = {name: pattern for name, pattern in STAGES}
+        patterns |= {f"boundary: {label}": pattern for label, pattern in BOUNDARIES.items()}
+        patterns["infeasible"] = INFEASIBLE
+        logs = ray_cluster.temp_dir / "session_latest" / "logs"
+        watch = _LogWatch([out / "driver.log", logs, workdir / "trinity-logs"], patterns, started)
         with (out / "driver.log").open("wb") as log:
             proc = subprocess.Popen(
                 argv,
@@ -127,24 +238,56 @@ def run(mode: str, out: Path, timeout: float = 600, cluster: str = "auto") -> di
                 start_new_session=True,
             )
             try:
-                summary["rc"] = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                summary["rc"] = "timeout"
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
+                summary["rc"] = _wait(proc, started + timeout, watch, say, stuck_after)
+            finally:
+                if proc.poll() is None:  # an exception or an interrupt: the driver goes too
+                    _stop_group(proc)
         summary["wall_s"] = round(time.monotonic() - started, 1)
-        _collect(cluster.temp_dir, out)
-        shutil.copy(cluster.log, out / "ray-start.log")
+        watch.poll()
+        summary["stage_s"] = dict(watch.found)
+        say("collecting the logs and the per-process reports; stopping the Ray cluster")
+        _collect(ray_cluster.temp_dir, out)
+        shutil.copy(ray_cluster.log, out / "ray-start.log")
     summary["stages"] = stages_reached(out)
     summary["first_error"] = first_error(out)
     text = all_logs(out)
     summary["boundaries"] = [label for label, pattern in BOUNDARIES.items() if re.search(pattern, text)]
     summary["applied"] = applied_by_process(workdir / "reports")
     return summary
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    watch: _LogWatch,
+    say: Callable[[str], None],
+    stuck_after: float | None,
+) -> int | str:
+    """The driver's exit status, ``"timeout"`` at the deadline or ``"stuck"`` (see :func:`run`)."""
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pass
+        for name in watch.poll():
+            say(f"  +{watch.found[name]:.0f} s in the run: {_describe(name)}")
+        if time.monotonic() >= deadline:
+            _stop_group(proc)
+            return "timeout"
+        seen = watch.found.get("infeasible")
+        if stuck_after is not None and seen is not None:
+            if time.monotonic() - watch.started >= seen + stuck_after:
+                say(f"stopping the driver: its request was still infeasible {stuck_after:.0f} s later")
+                _stop_group(proc)
+                return "stuck"
+
+
+def _describe(name: str) -> str:
+    if name == "infeasible":
+        return "Ray: a resource request no node of this cluster can fulfil (pending for good)"
+    if name.startswith("boundary: "):
+        return f"compute boundary of the simulation -- {name[len('boundary: ') :]}"
+    return f"logs show stage {name}"
 
 
 def applied_by_process(reports: Path) -> dict[str, list[str]]:
