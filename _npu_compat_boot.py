@@ -18,8 +18,11 @@ loaded before ``site`` runs) and first asks one cheap question: can npu-compat b
 anything but a no-op here?  Only an Ascend hint (a device override that is not
 ``cpu``/``cuda``, an Ascend variable, ``/dev/davinci*``, ``torch_npu`` on the path) or
 a report directory leads on to ``npu_compat._boot``, which imports the package and
-makes the real decision.  Nothing is ever imported from the current directory or a
-relative ``sys.path`` entry: the package is imported from this file's own location.
+makes the real decision.  Asked cheaply: the environment is read from ``os.environ``'s
+own dict, ``/dev`` is listed once and searched as one string, and the next
+``sitecustomize`` is looked for in the path finders' listings before any finder is made.
+Nothing is ever imported from the current directory or a relative ``sys.path`` entry:
+the package is imported from this file's own location.
 """
 
 import os
@@ -47,6 +50,7 @@ _HINTS = (
 _FALSE = ("0", "false", "no", "off")
 _NOT_NPU = ("cpu", "cuda")
 DEV_DIR = "/dev"
+_NONE = object()
 
 #: Every trigger that reached this interpreter, in order (``.pth``, ``sitecustomize``, ``launcher``).
 TRIGGERS: "list[str]" = []
@@ -68,9 +72,21 @@ def wanted(environ: "Mapping[str, str] | None" = None) -> bool:
         host = _host_says(environ)
     else:
         if not _HOST:
-            _HOST.append(_host_says(os.environ))
+            _HOST.append(_host_says(os.environ) if _environ_names_set() else _dev_says())
         host = _HOST[0]
     return host if host is not None else _torch_npu_on_path()
+
+
+def _environ_names_set() -> bool:
+    # Whether any name the pre-check reads is in os.environ.  Its own dict (bytes keys on POSIX)
+    # answers without os.environ's encoding and two KeyErrors for each name that is not set.
+    data = getattr(os.environ, "_data", None)
+    if os.name != "posix" or type(data) is not dict:
+        return True
+    for name in (_ENABLE, _AUTO, *_OVERRIDES, *_HINTS):
+        if name.encode() in data:
+            return True
+    return False
 
 
 def _host_says(env: "Mapping[str, str]") -> "bool | None":
@@ -87,10 +103,14 @@ def _host_says(env: "Mapping[str, str]") -> "bool | None":
     for name in _HINTS:
         if env.get(name):
             return True
+    return _dev_says()
+
+
+def _dev_says() -> "bool | None":
+    # any /dev/davinci*: one listing, searched as one string (names hold no NUL)
     try:
-        for node in os.listdir(DEV_DIR):
-            if node.startswith("davinci"):
-                return True
+        if "\0davinci" in "\0" + "\0".join(os.listdir(DEV_DIR)):
+            return True
     except OSError:
         pass
     return None  # no answer yet: a torch_npu on the path decides
@@ -105,7 +125,7 @@ def _torch_npu_on_path() -> bool:
         if listing:
             if "torch_npu" in listing:
                 return True
-        elif os.path.exists(os.path.join(entry, "torch_npu")):
+        elif os.access(f"{entry}{os.sep}torch_npu", os.F_OK):
             return True
     return False
 
@@ -177,7 +197,14 @@ def _import_boot() -> "ModuleType":
 
 
 def _chain(path: str) -> None:
-    _OURS.append(_norm(os.path.abspath(path)))
+    _OURS.append(path)
+    # Most interpreters have no other sitecustomize: say so from the path finders' listings (or a
+    # stat per name) before normalising sys.path and creating finders for the search below.
+    here = os.path.dirname(path)
+    start = sys.path.index(here) + 1 if here in sys.path else 0
+    if not _may_hold_sitecustomize(sys.path[start:]):
+        return
+    ours = [_norm(os.path.abspath(p)) for p in _OURS]
     mine = _norm(os.path.dirname(os.path.abspath(path)))
     entries = [(e, _norm(e)) for e in sys.path if isinstance(e, str) and os.path.isabs(e)]
     dirs = [n for _, n in entries]
@@ -196,7 +223,7 @@ def _chain(path: str) -> None:
         spec = machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
         if spec is None or spec.loader is None or not spec.origin:
             return
-        if _norm(spec.origin) not in _OURS:
+        if _norm(spec.origin) not in ours:
             break
         # a file of ours that already ran here (its directory is not where sys.path says): skip past it
         mine = _norm(os.path.dirname(spec.origin))
@@ -208,6 +235,43 @@ def _chain(path: str) -> None:
     except BaseException:
         sys.modules.pop("sitecustomize", None)  # as if theirs had failed on its own; site reports it
         raise
+
+
+def _may_hold_sitecustomize(entries: "list[Any]") -> bool:
+    # False only when no absolute directory among ``entries`` holds a file (or package) named
+    # sitecustomize that the path finders could load; anything unusual answers True, and then
+    # _chain searches properly.
+    machinery: Any = sys.modules.get("_frozen_importlib_external")
+    relax_case = getattr(machinery, "_relax_case", None)
+    if relax_case is None or relax_case() or len(sys.path_hooks) != 2:
+        return True  # not CPython, PYTHONCASEOK, or path hooks of someone's own
+    suffixes = ("", *machinery.SOURCE_SUFFIXES, *machinery.BYTECODE_SUFFIXES, *machinery.EXTENSION_SUFFIXES)
+    names = ["sitecustomize" + suffix for suffix in suffixes]
+    cache = sys.path_importer_cache
+    for entry in entries:
+        if not isinstance(entry, str) or not os.path.isabs(entry):
+            continue
+        finder = cache.get(entry, _NONE)
+        if finder is None:
+            continue  # nothing there (the path finder skips it too)
+        try:
+            stat = os.stat(entry)
+        except OSError:
+            continue
+        if finder is not _NONE:
+            listing = getattr(finder, "_path_cache", None)
+            if type(listing) is not set or getattr(finder, "_path_mtime", None) != stat.st_mtime:
+                return True  # not a file finder with a current listing
+            for name in names:
+                if name in listing:
+                    return True
+        elif stat.st_mode & 0o170000 != 0o040000:
+            return True  # a zip file, say
+        else:
+            for name in names:
+                if os.access(f"{entry}{os.sep}{name}", os.F_OK):
+                    return True
+    return False
 
 
 def _norm(path: str) -> str:

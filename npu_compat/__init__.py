@@ -22,9 +22,9 @@ TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ._engine import Report as Report
     from ._engine import deactivate, get_original, is_patched, report
     from ._errors import ConfigError, NpuCompatWarning, PatchError
+    from ._hooks import Report as Report
     from ._spec import PatchSpec
 
 __all__ = [
@@ -45,7 +45,7 @@ _LAZY = {
     "report": "_engine",
     "is_patched": "_engine",
     "get_original": "_engine",
-    "Report": "_engine",
+    "Report": "_hooks",
     "ConfigError": "_errors",
     "NpuCompatWarning": "_errors",
     "PatchError": "_errors",
@@ -57,9 +57,9 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'npu_compat' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"npu_compat.{module}"), name)
+    qualified = f"npu_compat.{module}"
+    __import__(qualified)  # not importlib.import_module: importing importlib costs ~6% of a bare start
+    return getattr(sys.modules[qualified], name)
 
 
 def activate(

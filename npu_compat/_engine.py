@@ -1,4 +1,4 @@
-"""The activation engine: decide, register hooks, apply patches, keep a ledger, undo.
+"""The activation engine: decide, register the post-import hook, keep the state, undo.
 
 State lives in one module-level :class:`_State` guarded by one re-entrant lock, so
 ``activate()``, ``deactivate()`` and post-import hooks firing from several threads
@@ -7,7 +7,15 @@ ledger as ``(owner, name, original, new)`` before anything else can observe it, 
 undone in reverse order.
 
 On any device decision but ``npu`` nothing is registered and nothing is imported
-beyond npu-compat's own small start-up modules.
+beyond npu-compat's own small start-up modules (the package's ``activate()`` does
+not even load this one).  On ``npu`` this module is all that activation loads: it
+installs a meta-path finder that waits for the first import of a package some patch
+targets (:data:`CATALOG_PACKAGES`).  That import -- before the package runs -- or the
+first :func:`report` reads the patch list and loads the code that applies it
+(:mod:`._hooks`); so does activation itself when something could tell the difference
+(a target package already imported, ``NPU_COMPAT_DISABLE`` set, logging loaded).
+Versions are read, and wrapt and the patch modules imported, when a patch is applied.
+Every byte here is unmarshalled by every activated process: keep it small.
 """
 
 import _thread
@@ -15,72 +23,56 @@ import os
 import sys
 
 from . import _env
-from ._env import Decision, decide
-from ._hooks import PostImportFinder
-from ._spec import PatchSpec, load
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
+    from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-STATUSES = ("pending", "applied", "skipped", "failed")
-_MISSING = object()
+    from ._env import Decision
+    from ._hooks import Report, _Record
+    from ._hooks import installed_version as installed_version
+    from ._hooks import version_in_range as version_in_range
+    from ._spec import PatchSpec
+
+#: The top-level package of every module the built-in catalogue (``npu_compat._catalog``)
+#: patches or repoints a copy in, written out so that activating never reads the
+#: catalogue.  tests/engine keeps it equal to the catalogue.
+CATALOG_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
 
 
-class _Change:
-    __slots__ = ("owner", "name", "original", "new", "had_own")
+class PostImportFinder:
+    """The meta-path finder; one per activation, removed again by :meth:`uninstall`.
 
-    def __init__(self, owner: object, name: str, original: object, new: object, had_own: bool) -> None:
-        self.owner = owner
-        self.name = name
-        self.original = original
-        self.new = new
-        self.had_own = had_own
+    It answers only for the modules in ``names`` (see :func:`._hooks.find_spec`), and,
+    while the patch list waits, for the first import of a module in ``packages``.
+    """
 
+    def __init__(self, names: "Iterable[str]", packages: "Iterable[str]" = ()) -> None:
+        self.names = frozenset(names)
+        self.packages = frozenset(packages)
 
-class _Record:
-    __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original")
+    def find_spec(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
+        if fullname not in self.names and not (self.packages and fullname.partition(".")[0] in self.packages):
+            return None
+        from ._hooks import find_spec
 
-    def __init__(self, spec: "PatchSpec") -> None:
-        self.spec = spec
-        self.status = "pending"
-        self.reason = f"waiting for {spec.module} to be imported"
-        self.installed: str | None = None
-        self.changes: list[_Change] = []
-        self.live = False
-        self.new: object = _MISSING
-        self.original: object = _MISSING
+        return find_spec(self, fullname, path, target)
 
-    def is_live(self) -> bool:
-        return self.live
+    def install(self) -> None:
+        if self not in sys.meta_path:
+            # A new list rather than an insert: the interpreter keeps the list it started with (in
+            # its copy of the sys namespace) until the end of finalisation, and a finder in that
+            # list keeps this module -- and through it os and much of the stdlib -- alive past the
+            # collection that frees them: about 1% of a bare interpreter start, at every exit.
+            sys.meta_path = [self, *sys.meta_path]
 
-    def as_dict(self) -> "dict[str, object]":
-        spec = self.spec
-        return {
-            "id": spec.id,
-            "target": spec.target,
-            "distribution": spec.distribution,
-            "versions": spec.versions,
-            "installed": self.installed,
-            "status": self.status,
-            "reason": self.reason,
-            "copies_repointed": [
-                f"{getattr(c.owner, '__name__', c.owner)}:{c.name}" for c in self.changes[1:]
-            ],
-            "why": spec.why,
-            "upstream_fix": spec.upstream_fix,
-            "remove_when": spec.remove_when,
-        }
-
-
-class Report(list):  # type: ignore[type-arg]
-    """``report()``'s answer: one dict per patch, plus the device decision as ``.decision``."""
-
-    decision: "dict[str, object]"
-
-    def to_dict(self) -> "dict[str, object]":
-        return {"decision": self.decision, "patches": list(self)}
+    def uninstall(self) -> None:
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 class _State:
@@ -101,6 +93,10 @@ class _State:
         self.by_copy: dict[str, list[_Record]] = {}
         self.finder: PostImportFinder | None = None
         self.warned_versions: set[tuple[str, str]] = set()
+        # True while the patch list waits for the first import of a target package (or a
+        # report()); ``specs`` is what it will be (None: the built-in catalogue).
+        self.pending = False
+        self.specs: tuple[PatchSpec, ...] | None = None
 
 
 _state = _State()
@@ -120,16 +116,6 @@ def _notify() -> None:
             _warn(f"npu_compat: report listener {listener!r} failed: {type(exc).__name__}: {exc}")
 
 
-# -- logging and warnings -------------------------------------------------------------
-
-
-def _log(level: str, message: str) -> None:
-    # logging costs milliseconds to import; it is only imported once something happens.
-    import logging
-
-    getattr(logging.getLogger("npu_compat"), level)(message)
-
-
 def _warn(message: str) -> None:
     import warnings  # not loaded at start-up in a plain venv
 
@@ -138,278 +124,17 @@ def _warn(message: str) -> None:
     warnings.warn(message, NpuCompatWarning, stacklevel=3)
 
 
-def _summary(state: "_State") -> str:
-    counts = {status: 0 for status in STATUSES}
-    for rec in state.records.values():
-        counts[rec.status] += 1
-    decision = state.decision
-    assert decision is not None
-    evidence = f": {'; '.join(decision.evidence)}" if decision.evidence else ""
-    return (
-        f"npu_compat active in pid {os.getpid()}: device={decision.device} ({decision.source}{evidence}); "
-        f"{len(state.records)} patches: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
-    )
-
-
-def _maybe_log_summary(state: "_State", force: bool = False) -> None:
-    if state.summary_logged or not (force or "logging" in sys.modules):
-        return
-    state.summary_logged = True
-    _log("info", _summary(state))
-
-
-# -- versions -------------------------------------------------------------------------
-
-
-def installed_version(distribution: str) -> "str | None":
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
-
-
-def version_in_range(installed: str, versions: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return SpecifierSet(versions).contains(Version(installed), prereleases=True)
-    except InvalidVersion:
+def _can_wait(packages: "frozenset[str]") -> bool:
+    """Whether reading the patch list can wait for the first import of one of ``packages``:
+    none is imported yet, and neither ``NPU_COMPAT_DISABLE`` (unknown ids are warned about
+    at activation) nor logging (the summary is logged then) could tell the difference."""
+    modules = sys.modules
+    if "logging" in modules or _env._get(os.environ, _env.DISABLE):
         return False
-
-
-# -- applying -------------------------------------------------------------------------
-
-
-def _skip(state: "_State", rec: "_Record", reason: str, warn: bool = False) -> None:
-    rec.status = "skipped"
-    rec.reason = reason
-    _log("debug", f"npu_compat: skipped {rec.spec.id}: {reason}")
-    if warn:
-        _warn(f"npu_compat: skipped {rec.spec.id}: {reason}")
-
-
-def _fail(state: "_State", rec: "_Record", problem: str) -> None:
-    spec = rec.spec
-    where = f"{spec.distribution} {rec.installed}" if rec.installed else spec.distribution
-    rec.status = "failed"
-    rec.reason = (
-        f"{problem} (with {where}); this process runs without this patch. "
-        f"Upgrade npu-compat, or set {_env.DISABLE}={spec.id} to stand it down knowingly"
-    )
-    message = f"npu_compat: patch {spec.id} failed: {rec.reason}"
-    _log("debug", message)
-    if state.strict:
-        from ._errors import PatchError
-
-        raise PatchError(message)
-    _warn(message)
-
-
-def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, object, bool]":
-    """Return ``(owner, name, original, had_own)`` or raise AttributeError with a clear message."""
-    owner: object = module
-    path = spec.attr_path
-    for i, part in enumerate(path[:-1]):
-        try:
-            owner = getattr(owner, part)
-        except AttributeError:
-            raise AttributeError(
-                f"expected {spec.module}:{'.'.join(path[: i + 1])} to exist, it does not"
-            ) from None
-    name = path[-1]
-    if isinstance(owner, type):
-        had_own = name in owner.__dict__
-        # the raw class attribute keeps staticmethod/classmethod descriptors intact
-        original = owner.__dict__[name] if had_own else getattr(owner, name, _MISSING)
-    else:
-        had_own = True
-        original = getattr(owner, name, _MISSING)
-    if original is _MISSING:
-        raise AttributeError(f"expected {spec.target} to exist, it does not")
-    return owner, name, original, had_own
-
-
-def _check_expects(spec: "PatchSpec", original: object) -> "str | None":
-    if not spec.expects:
-        return None
-    import inspect
-
-    func = getattr(original, "__func__", original)
-    try:
-        params = inspect.signature(func).parameters  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return f"expected {spec.target} to be a callable with a signature, found {type(original).__name__}"
-    missing = [p for p in spec.expects if p not in params]
-    if missing:
-        return (
-            f"expected {spec.target} to accept {', '.join(spec.expects)}; "
-            f"its signature is {spec.attr_path[-1]}{inspect.signature(func)}"  # type: ignore[arg-type]
-        )
-    return None
-
-
-def _build(rec: "_Record", original: object) -> object:
-    spec = rec.spec
-    if spec.replacement is not None:
-        factory = load(spec.replacement)
-        return factory(original)  # type: ignore[operator]
-    import wrapt
-
-    wrapper = load(spec.wrapper)  # type: ignore[arg-type]
-
-    # After deactivate() a wrapper can survive in places nobody declared (a later
-    # ``from x import f``); wrapt's ``enabled`` check (in C) then calls straight through.
-    new: object = wrapt.FunctionWrapper(original, wrapper, enabled=rec.is_live)  # type: ignore[arg-type]
-    new._self_npu_compat_patch = spec.id  # type: ignore[attr-defined]
-    return new
-
-
-def _set(owner: object, name: str, value: object) -> None:
-    setattr(owner, name, value)
-
-
-def _apply(state: "_State", rec: "_Record", module: "ModuleType") -> None:
-    if rec.status != "pending":
-        return
-    spec = rec.spec
-    rec.installed = installed_version(spec.distribution)
-    if rec.installed is None:
-        _skip(
-            state,
-            rec,
-            f"{spec.module} is imported but distribution {spec.distribution!r} has no installed "
-            f"metadata, so its version cannot be checked against {spec.versions!r}",
-            warn=True,
-        )
-        return
-    if not version_in_range(rec.installed, spec.versions):
-        # A patch set split by version (0.5.2 / 0.6.0 layouts) leaves the other layout's specs out of
-        # range: that is expected.  Only a version that no spec of this distribution supports means
-        # upstream moved on; that is warned about once per distribution.
-        ranges = sorted(
-            {r.spec.versions for r in state.records.values() if r.spec.distribution == spec.distribution}
-        )
-        covered = any(version_in_range(rec.installed, v) for v in ranges)
-        first = not covered and (spec.distribution, rec.installed) not in state.warned_versions
-        if first:
-            state.warned_versions.add((spec.distribution, rec.installed))
-        _skip(
-            state,
-            rec,
-            f"{spec.distribution} {rec.installed} is outside {spec.versions!r}"
-            + (
-                ""
-                if covered
-                else f"; no npu-compat patch supports this version ({', '.join(map(repr, ranges))})"
-            ),
-            warn=first,
-        )
-        return
-    if spec.condition is not None:
-        try:
-            why_not = load(spec.condition)()  # type: ignore[operator]
-        except Exception as exc:  # noqa: BLE001 - a broken condition is a failed patch, not a broken import
-            _fail(state, rec, f"its condition {spec.condition} raised {type(exc).__name__}: {exc}")
-            return
-        if why_not:
-            _skip(state, rec, str(why_not))
-            return
-    try:
-        owner, name, original, had_own = _resolve(module, spec)
-    except AttributeError as exc:
-        _fail(state, rec, f"upstream changed shape: {exc}")
-        return
-    problem = _check_expects(spec, original)
-    if problem:
-        _fail(state, rec, f"upstream changed shape: {problem}")
-        return
-    try:
-        new = _build(rec, original)
-    except Exception as exc:  # noqa: BLE001
-        _fail(state, rec, f"building the replacement raised {type(exc).__name__}: {exc}")
-        return
-    rec.original, rec.new, rec.live = original, new, True
-    rec.changes.append(_Change(owner, name, original, new, had_own))
-    state.originals[id(new)] = (new, original)
-    _set(owner, name, new)
-    rec.status = "applied"
-    rec.reason = ""
-    state.order.append(rec)
-    for copy_module, copy_name in spec.copy_places():
-        mod = sys.modules.get(copy_module)
-        if mod is not None:
-            _repoint(rec, mod, copy_name)
-    _log("debug", f"npu_compat: applied {spec.id} to {spec.target} ({spec.distribution} {rec.installed})")
-
-
-def _repoint(rec: "_Record", module: "ModuleType", name: str) -> None:
-    current = getattr(module, name, _MISSING)
-    if current is rec.original:
-        _set(module, name, rec.new)
-    elif current is not rec.new:
-        return  # bound to something else; not a copy of ours
-    if not any(c.owner is module and c.name == name for c in rec.changes):
-        rec.changes.append(_Change(module, name, rec.original, rec.new, True))
-
-
-def _is_initialised(module: "ModuleType") -> bool:
-    spec = getattr(module, "__spec__", None)
-    return not getattr(spec, "_initializing", False)
-
-
-def _on_import(module: "ModuleType") -> None:
-    """The post-import hook.  Never lets an error of ours break the user's import (unless strict)."""
-    state = _state
-    try:
-        with state.lock:
-            if not state.active:
-                return
-            name = module.__name__
-            try:
-                for rec in state.by_module.get(name, ()):
-                    _apply(state, rec, module)
-                for rec in state.by_copy.get(name, ()):
-                    if rec.status == "applied":
-                        for copy_module, copy_name in rec.spec.copy_places():
-                            if copy_module == name:
-                                _repoint(rec, module, copy_name)
-                _maybe_log_summary(state, force=True)
-            finally:
-                if name in state.by_module:
-                    _notify()
-    except Exception as exc:
-        from ._errors import PatchError
-
-        if isinstance(exc, PatchError):
-            raise
-        _warn(f"npu_compat: internal error while patching {module.__name__}: {type(exc).__name__}: {exc}")
+    return not any(name in modules for name in packages)
 
 
 # -- public entry points (re-exported by npu_compat) ------------------------------------
-
-
-def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
-    raw = os.environ.get(_env.DISABLE, "")
-    wanted = {part.strip() for part in raw.split(",") if part.strip()}
-    known = {spec.id for spec in specs}
-    if "*" in wanted:
-        return known
-    unknown = sorted(wanted - known)
-    if unknown:
-        _warn(
-            f"npu_compat: {_env.DISABLE} names unknown patch ids {', '.join(unknown)}; "
-            f"known ids: {', '.join(sorted(known)) or '(none)'}"
-        )
-    return wanted & known
-
-
-def _catalog() -> "tuple[PatchSpec, ...]":
-    from ._catalog import SPECS
-
-    return SPECS
 
 
 def activate(
@@ -427,7 +152,7 @@ def activate(
     """
     state = _state
     with state.lock:
-        decision = decision or decide(device)  # the package's activate() has often decided already
+        decision = decision or _env.decide(device)  # the package's activate() has often decided already
         if state.active:
             assert state.decision is not None
             if decision.device != state.decision.device:
@@ -439,36 +164,25 @@ def activate(
         state.decision = _env.LAST = decision
         if not decision.is_npu:
             return decision.device
-        state.strict = strict if strict is not None else _env.is_true(os.environ.get(_env.STRICT))
-        chosen = tuple(_catalog() if specs is None else specs)
-        ids = [spec.id for spec in chosen]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"duplicate patch ids in {ids}")
-        disabled = _disabled_ids(chosen)
-        for spec in chosen:
-            rec = _Record(spec)
-            state.records[spec.id] = rec
-            if spec.id in disabled:
-                rec.status, rec.reason = "skipped", f"disabled by {_env.DISABLE}"
-                continue
-            state.by_module.setdefault(spec.module, []).append(rec)
-            for copy_module, _ in spec.copy_places():
-                state.by_copy.setdefault(copy_module, []).append(rec)
-        state.finder = PostImportFinder(_on_import, [*state.by_module, *state.by_copy])
-        state.finder.install()
-        state.active = True
+        state.strict = strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
         try:
-            for name in [*state.by_module, *state.by_copy]:
-                module = sys.modules.get(name)
-                if module is not None and _is_initialised(module):
-                    _on_import(module)
-        finally:
-            _maybe_log_summary(state)
-            if os.environ.get(_env.REPORT_DIR):
-                from . import _reportfile  # the per-process report file: it listens from now on
+            if specs is None and _can_wait(CATALOG_PACKAGES):
+                # the usual start: nothing of the patch list is read until a target package is imported
+                state.pending = True
+                state.finder = PostImportFinder((), CATALOG_PACKAGES)
+                state.finder.install()
+                state.active = True
+            else:
+                from . import _hooks
 
-                _reportfile.attach()
-            _notify()
+                _hooks.activate(state, specs)
+        finally:
+            if state.active:
+                if _env._get(os.environ, _env.REPORT_DIR):
+                    from . import _reportfile  # the per-process report file: it listens from now on
+
+                    _reportfile.attach()
+                _notify()
         return "npu"
 
 
@@ -476,10 +190,10 @@ def deactivate() -> None:
     """Undo every change, in reverse order, and remove the hooks.  Safe to call when inactive."""
     state = _state
     with state.lock:
-        for rec in reversed(state.order):
-            rec.live = False
-            for change in reversed(rec.changes):
-                _restore(change)
+        if state.order:
+            from . import _hooks
+
+            _hooks.undo(state)
         if state.finder is not None:
             state.finder.uninstall()
         state.reset()
@@ -488,48 +202,11 @@ def deactivate() -> None:
         _notify()
 
 
-def _restore(change: "_Change") -> None:
-    owner, name = change.owner, change.name
-    if isinstance(owner, type):
-        current = owner.__dict__.get(name, _MISSING)
-    else:
-        current = getattr(owner, name, _MISSING)
-    if current is not change.new:
-        _warn(
-            f"npu_compat: {getattr(owner, '__name__', owner)}.{name} was replaced again after "
-            "npu-compat patched it; left as it is"
-        )
-        return
-    if change.had_own:
-        setattr(owner, name, change.original)
-    else:
-        delattr(owner, name)
-
-
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
-    state = _state
-    with state.lock:
-        out = Report()
-        if state.active:
-            assert state.decision is not None
-            out.decision = state.decision.as_dict()
-            out.extend(rec.as_dict() for rec in state.records.values())
-            return out
-        decision = state.decision or _env.LAST
-        if decision is None:
-            reason = "npu-compat is not active in this process (activate() was not called)"
-            out.decision = {"device": None, "source": "not activated", "evidence": []}
-        else:
-            reason = (
-                f"device decision is {decision.device!r} ({decision.source}): npu-compat patches nothing here"
-            )
-            out.decision = decision.as_dict()
-        for spec in _catalog():
-            rec = _Record(spec)
-            rec.status, rec.reason = "skipped", reason
-            out.append(rec.as_dict())
-        return out
+    from . import _hooks
+
+    return _hooks.report(_state)
 
 
 def is_patched(obj: object) -> bool:
@@ -544,3 +221,16 @@ def get_original(obj: object) -> object:
     if entry is not None and entry[0] is obj:
         return entry[1]
     return obj
+
+
+def __getattr__(name: str) -> object:
+    # What applies the patches (records, the ledger, versions, the report) is in ._hooks, loaded
+    # on first use; its names are reachable here too (_doctor, bench/overhead.py).
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _hooks
+
+    try:
+        return getattr(_hooks, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -141,20 +141,34 @@ def _normalise(value: str, source: str) -> str:
     return device
 
 
+def _get(env: "Mapping[str, str]", name: str) -> "str | None":
+    """``env.get(name)``.  For ``os.environ`` a name that is not set is answered from its own
+    dict (bytes keys on POSIX), without the encoding and the two KeyErrors that
+    ``os.environ.get`` spends on it: this runs in every interpreter that imports npu_compat."""
+    if env is os.environ and os.name == "posix":
+        data = getattr(env, "_data", None)
+        if type(data) is dict and name.encode() not in data:
+            return None
+    return env.get(name)
+
+
 def ascend_evidence(environ: "Mapping[str, str] | None" = None) -> "tuple[str, ...]":
     """Every sign of an Ascend host, in words; empty on CUDA and plain CPU hosts."""
     env = os.environ if environ is None else environ
     found: list[str] = []
     try:
-        nodes = sorted(n for n in os.listdir(DEV_DIR) if n.startswith("davinci"))
+        listing = os.listdir(DEV_DIR)
     except OSError:
-        nodes = []
-    if nodes:
+        listing = []
+    # one search of the whole listing (names hold no NUL) before looking at names one by one
+    if "\0davinci" in "\0" + "\0".join(listing):
+        nodes = sorted(n for n in listing if n.startswith("davinci"))
         found.append(f"{DEV_DIR}/{nodes[0]}" + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""))
-    if env.get(ASCEND_VISIBLE_DEVICES):
-        found.append(f"{ASCEND_VISIBLE_DEVICES}={env[ASCEND_VISIBLE_DEVICES]}")
+    visible = _get(env, ASCEND_VISIBLE_DEVICES)
+    if visible:
+        found.append(f"{ASCEND_VISIBLE_DEVICES}={visible}")
     for name in ASCEND_TOOLKIT_VARS:
-        if env.get(name):
+        if _get(env, name):
             found.append(f"{name} is set (CANN toolkit environment)")
             break
     if _torch_npu_findable():
@@ -168,15 +182,17 @@ def _torch_npu_findable() -> bool:
     # Look the name up without importing it (torch_npu's import is heavy and, without
     # the toolkit, fails).  The path finders of this interpreter already hold a
     # listing of every directory they searched; reading it costs no system call,
-    # which matters on the start-up path.  Directories not listed yet get one stat.
+    # which matters on the start-up path.  Directories not listed yet get one access().
+    cache = sys.path_importer_cache
+    sep = os.sep
     for entry in sys.path:
         if not isinstance(entry, str):
             continue
-        listing = getattr(sys.path_importer_cache.get(entry), "_path_cache", None)
+        listing = getattr(cache.get(entry), "_path_cache", None)
         if listing:
             if "torch_npu" in listing:
                 return True
-        elif os.path.isfile(os.path.join(entry or ".", "torch_npu", "__init__.py")):
+        elif os.access(f"{entry or '.'}{sep}torch_npu{sep}__init__.py", os.F_OK):
             return True
     return False
 
@@ -188,14 +204,14 @@ LAST: "Decision | None" = None
 def decide(device: str | None = None, environ: "Mapping[str, str] | None" = None) -> "Decision":
     """Decide which device this process is for.  Raises :class:`ConfigError` on a bad value."""
     env = os.environ if environ is None else environ
-    if is_false(env.get(ENABLE)):
+    if is_false(_get(env, ENABLE)):
         return Decision("off", f"{ENABLE}={env[ENABLE]}")
     if device is not None:
         chosen = _normalise(device, "device")
         if chosen != "auto":
             return Decision(chosen, "activate(device=...)")
     for name in (DEVICE, TRINITY_DEVICE):
-        raw = env.get(name)
+        raw = _get(env, name)
         if raw:
             chosen = _normalise(raw, name)
             if chosen != "auto":
