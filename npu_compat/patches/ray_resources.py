@@ -29,9 +29,10 @@ def npu_bundle(bundle: Any) -> Any:
     """``{"GPU": n, ...}`` -> ``{"NPU": n, ...}`` (added to any NPU already there); others unchanged."""
     if not isinstance(bundle, dict) or _GPU not in bundle:
         return bundle
-    out = {k: v for k, v in bundle.items() if k != _GPU}
-    if bundle[_GPU]:
-        out[_NPU] = out.get(_NPU, 0) + bundle[_GPU]
+    out = dict(bundle)
+    gpus = out.pop(_GPU)
+    if gpus:
+        out[_NPU] = out.get(_NPU, 0) + gpus
     return out
 
 
@@ -61,9 +62,9 @@ def placement_group_bundles(
 ) -> Any:
     # placement_group(bundles, strategy="PACK", name="", lifetime=None, ...)
     if "bundles" in kwargs:
-        kwargs["bundles"] = [npu_bundle(b) for b in kwargs["bundles"]]
+        kwargs["bundles"] = list(map(npu_bundle, kwargs["bundles"]))
     elif args:
-        args = ([npu_bundle(b) for b in args[0]], *args[1:])
+        args = (list(map(npu_bundle, args[0])), *args[1:])
     return wrapped(*args, **kwargs)
 
 
