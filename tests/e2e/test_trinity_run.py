@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from tests.e2e import scenario
 
@@ -22,6 +23,11 @@ except md.PackageNotFoundError:
     pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
 if not TRINITY.startswith("0.6."):
     pytest.skip(f"the bundled config is for trinity-rft 0.6, found {TRINITY}", allow_module_level=True)
+
+# verl 0.8 runs Trinity's new engine trainer (trinity.trainer.verl); verl 0.7.1 its legacy one (stack b)
+LEGACY = Version(md.version("verl")) < Version("0.8")
+TRAINER_DEVICE = "trinity.verl_legacy.trainer_device" if LEGACY else "trinity.verl.trainer.device_name"
+WORKER_CUDA_VIEW = "trinity.verl_legacy.fsdp_workers.cuda" if LEGACY else "trinity.verl.monkey_patch.cuda"
 
 TRAINER_SIDE = [
     "config_validated",
@@ -57,8 +63,8 @@ def test_compat_both_reaches_fsdp_on_npu_tensors(tmp_path: Path) -> None:
         result,
         {
             "ray-driver": ["trinity.config_validator.npu_count"],
-            "Trainer": ["trinity.verl.trainer.device_name", "ray.placement_group"],
-            "WorkerDict": ["trinity.verl.monkey_patch.cuda", "torch.distributed.init_process_group"],
+            "Trainer": [TRAINER_DEVICE, "ray.placement_group"],
+            "WorkerDict": [WORKER_CUDA_VIEW, "torch.distributed.init_process_group"],
         },
     )
 
