@@ -73,10 +73,12 @@ ROWS: tuple[Row, ...] = (
 #: HANG/CRASH rows of the map that no probe drives yet, and why.
 NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
-    "A20": "VERLTrainer.__init__ needs a model on disk; driven by the end-to-end scenario (issue 8)",
+    "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
+    "npu-compat gets it ready (stacks a and b)",
     "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
     "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",
-    "A29": "legacy _build_model_optimizer needs a full verl worker config",
+    "A29": "green in the stack-b end-to-end run (the legacy worker builds its model past "
+    "get_device_capability, up to the FSDP2 compute boundary); a red twin needs a full verl worker config",
     "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
     "23": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
 }
