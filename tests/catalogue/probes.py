@@ -508,9 +508,40 @@ def probe_r7() -> dict[str, Any]:
     cfg.ray_namespace = ray.get_runtime_context().namespace
     (actor,) = create_vllm_inference_models(cfg, allocator, f"probe_rollout_{uuid.uuid4().hex[:6]}")
     try:
-        return _actor_resources(actor, SCHEDULE_TIMEOUT_S if _activated() else PENDING_AFTER_S)
+        return _actor_started(actor, SCHEDULE_TIMEOUT_S if _activated() else PENDING_AFTER_S)
     finally:
         ray.kill(actor)
+
+
+def _actor_started(actor: Any, timeout: float) -> dict[str, Any]:
+    """Wait until Ray has started a worker process for ``actor`` (its constructor ran); Pending if not.
+
+    Read from the GCS actor table, so that an actor whose constructor fails still counts as
+    scheduled: 0.5.2's vLLMRolloutModel builds its vLLM engine in ``__init__``, which the probe
+    (no model on disk) cannot do -- harness, reported in the detail, not the outcome.
+    """
+    from ray._private import state
+
+    deadline = time.monotonic() + timeout
+    while True:
+        info = state.actors(actor_id=actor._actor_id.hex())
+        if info and info.get("Pid"):
+            cause = info.get("DeathCause")
+            failed = cause is not None and cause.HasField("creation_task_failure_context")
+            message = cause.creation_task_failure_context.formatted_exception_string if failed else ""
+            lines = [line for line in message.splitlines() if line.strip()]
+            return {
+                "state": info["State"],
+                "worker_pid": info["Pid"],
+                "constructor": lines[-1][:200]
+                if lines
+                else ("done" if info["State"] == "ALIVE" else "running"),
+            }
+        if time.monotonic() > deadline:
+            raise Pending(
+                f"actor not started after {timeout:.0f}s (state {info.get('State') if info else None})"
+            )
+        time.sleep(0.5)
 
 
 #: 0.5.2's init_process_group is the same function as 0.6.0's (row 15 = A16).

@@ -57,7 +57,7 @@ ROWS: tuple[Row, ...] = (
         "AssertionError: Trinity counted 0 accelerators per node", 7, fixed=True),
     Row("6", "0.5.2", "any", "HANG", "trinity.common.models:_BundleAllocator.__init__", "pending", 5, fixed=True),
     Row("7", "0.5.2", "any", "HANG", "trinity.common.models:create_vllm_inference_models",
-        "ValueError: Cannot schedule vLLMRolloutModel", 7),
+        "ValueError: Cannot schedule vLLMRolloutModel", 7, fixed=True),
     Row("13", "0.5.2", "any", "CRASH", "trinity.common.models.vllm_worker:WorkerExtension.init_process_group",
         "AssertionError", 5, fixed=True),
     Row("15", "0.5.2", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5, fixed=True),
@@ -66,9 +66,9 @@ ROWS: tuple[Row, ...] = (
         "AssertionError: Torch not compiled with CUDA enabled", 7, fixed=True),
 )  # fmt: skip
 
-# Row 7's twin is still expected to fail: with the GPU request rewritten the rollout actor IS scheduled
-# into the NPU bundle, but 0.5.2's vLLMRolloutModel builds its vLLM engine inside __init__ (the probe has
-# no model), so the actor dies in its constructor before the probe can read its resources.
+# Row 7's green twin counts the rollout actor as scheduled once Ray has started its worker process in
+# the NPU bundle (GCS actor table). 0.5.2's vLLMRolloutModel then builds its vLLM engine inside __init__,
+# which the probe (no model on disk) cannot do; the constructor's error is reported in the detail.
 
 #: HANG/CRASH rows of the map that no probe drives yet, and why.
 NOT_YET_DRIVEN: dict[str, str] = {
