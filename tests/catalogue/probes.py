@@ -501,9 +501,14 @@ def probe_r7() -> dict[str, Any]:
     from trinity.common.config import InferenceModelConfig
     from trinity.common.models import create_vllm_inference_models
 
-    pg = placement_group([{"NPU": 1.0}], strategy="PACK")  # what an NPU-aware row 6 yields
-    ray.get(pg.ready(), timeout=60)
-    allocator = types.SimpleNamespace(pg=pg, allocate=lambda n: [0])
+    if _activated():  # the real allocator, as create_explorer_models builds it (its GPU bundles are row 6)
+        from trinity.common.models import _BundleAllocator
+
+        allocator: Any = _in_thread(lambda: _BundleAllocator(num_gpus=1), 60)
+    else:  # stock would hang in row 6 first: hand it the NPU bundle an NPU-aware row 6 yields
+        pg = placement_group([{"NPU": 1.0}], strategy="PACK")
+        ray.get(pg.ready(), timeout=60)
+        allocator = types.SimpleNamespace(pg=pg, allocate=lambda n: [0])
     cfg = _sampling_defaults(InferenceModelConfig(engine_num=1, tensor_parallel_size=1))
     cfg.ray_namespace = ray.get_runtime_context().namespace
     (actor,) = create_vllm_inference_models(cfg, allocator, f"probe_rollout_{uuid.uuid4().hex[:6]}")
