@@ -259,6 +259,22 @@ def probe_A22() -> dict[str, Any]:
     return {"sent": sent, "rank": dist.get_rank()}
 
 
+def probe_A23() -> dict[str, Any]:
+    """fsdp_engine.fsdp_sync_weight_nccl (FSDP2 path) on rank 0: broadcast, then get past its device sync.
+
+    Nothing in trinity-rft 0.6.0 calls this helper yet (its callers moved to workers.py); it is driven
+    directly, as the next caller would reach it.
+    """
+    import torch
+    from trinity.trainer.verl.fsdp_engine import fsdp_sync_weight_nccl
+
+    _single_rank_group()
+    params = [("w", torch.arange(3.0))]
+    engine = _stub(_strategy="fsdp2", get_per_tensor_param=lambda: (iter(params), None))
+    fsdp_sync_weight_nccl(engine, model_update_group=None)  # the default (one-rank) group
+    return {"broadcast": [name for name, _ in params]}
+
+
 def _single_rank_group() -> None:
     import torch.distributed as dist
 

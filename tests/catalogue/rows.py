@@ -47,6 +47,8 @@ ROWS: tuple[Row, ...] = (
         "RuntimeError: torch.cuda.Stream requires CUDA support", 6, fixed=True),
     Row("A22", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.sync_weight_nccl",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
+    Row("A23", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.fsdp_engine:fsdp_sync_weight_nccl",
+        "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A24", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.monkey_patch:_build_module",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A28", "0.6.0", "verl<0.8", "HANG", "trinity.trainer.verl_legacy.verl_config:Trainer.device", "pending", 6, fixed=True),
@@ -76,7 +78,6 @@ NOT_YET_DRIVEN: dict[str, str] = {
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
     "npu-compat gets it ready (stacks a and b)",
     "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
-    "A23": "fsdp_engine helpers are dead code in 0.6.0 (nothing calls them)",
     "A29": "green in the stack-b end-to-end run (the legacy worker builds its model past "
     "get_device_capability, up to the FSDP2 compute boundary); a red twin needs a full verl worker config",
     "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
