@@ -54,7 +54,8 @@ for how, mesh in meshes.items():
     mesh_sums[how] = [mesh.device_type, str(dist.get_backend(mesh.get_group())), m.tolist()]
 print(json.dumps({"device": DEVICE, "backend": str(dist.get_backend()), "sub": str(dist.get_backend(sub)),
                   "sum": t.tolist(), "bcast": b.tolist(), "gather": [p.tolist() for p in parts],
-                  "subsum": s.tolist(), "meshes": mesh_sums}))
+                  "subsum": s.tolist(), "meshes": mesh_sums}), flush=True)
+dist.barrier()  # neither rank tears its groups down while the other still uses them
 dist.destroy_process_group()
 """
 
