@@ -17,7 +17,7 @@ def main() -> None:
             f"`{TEST}::test_red[{row.id}]` | `{TEST}::test_green[{row.id}]` | {status} |"
         )
     for row_id, why in NOT_YET_DRIVEN.items():
-        print(f"| {row_id} | | | | | — | — | not driven yet: {why} |")
+        print(f"| {row_id} | | | | | — | — | no catalogue probe: {why} |")
 
 
 main()

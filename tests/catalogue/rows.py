@@ -72,7 +72,7 @@ ROWS: tuple[Row, ...] = (
 # the NPU bundle (GCS actor table). 0.5.2's vLLMRolloutModel then builds its vLLM engine inside __init__,
 # which the probe (no model on disk) cannot do; the constructor's error is reported in the detail.
 
-#: HANG/CRASH rows of the map that no probe drives yet, and why.
+#: HANG/CRASH rows of the map without a catalogue probe: where they are driven instead, or why not.
 NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
