@@ -22,12 +22,11 @@ with open(os.environ["USER_SC_LOG"], "a") as f:
 """
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def _install(root: Path, *how: str) -> Path:
+    """A fresh venv at ``root`` with the checkout installed (``how``: e.g. ``-e`` for editable)."""
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("needs uv on PATH to build a fresh venv")
-    root = tmp_path_factory.mktemp("venv") / "v"
     made = subprocess.run(
         [uv, "venv", "-q", "-p", sys.executable, str(root)], capture_output=True, text=True, timeout=120
     )
@@ -35,14 +34,19 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip(f"uv venv failed: {made.stderr.strip()[-300:]}")
     python = root / "bin" / "python"
     inst = subprocess.run(
-        [uv, "pip", "install", "-q", "--offline", "--no-deps", "--python", str(python), str(REPO)],
+        [uv, "pip", "install", "-q", "--offline", "--no-deps", "--python", str(python), *how, str(REPO)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     if inst.returncode != 0:
         pytest.skip(f"cannot build the checkout offline: {inst.stderr.strip()[-300:]}")
-    yield root
+    return root
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield _install(tmp_path_factory.mktemp("venv") / "v")
 
 
 def _site(venv: Path) -> Path:
@@ -82,6 +86,17 @@ def test_an_installed_interpreter_activates_through_the_pth_first(venv: Path) ->
     assert out["triggers"] == [".pth", "sitecustomize"]  # type: ignore[index]
     assert out["started"] == ".pth" and out["active"]  # type: ignore[index]
     assert str(out["npu_compat_file"]).startswith(str(_site(venv)))  # type: ignore[index]
+
+
+def test_an_editable_install_activates_through_the_pth_too(tmp_path: Path) -> None:
+    """``pip install -e``: setuptools' editable wheel carries our .pth beside its own finder's."""
+    editable = _install(tmp_path / "e", "-e")
+    assert (_site(editable) / "npu_compat.pth").is_file()
+    out = last_json(
+        run([str(editable / "bin" / "python"), "-I", "-c", PROBE], _env({"NPU_COMPAT_DEVICE": "npu"}))
+    )
+    assert out["started"] == ".pth" and out["active"]  # type: ignore[index]
+    assert str(out["npu_compat_file"]).startswith(str(REPO / "npu_compat"))  # type: ignore[index]
 
 
 def test_isolated_mode_still_activates(venv: Path) -> None:
