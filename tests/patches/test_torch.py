@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env, last_json, run_py
+from tests.conftest import REPO, clean_env, free_port, last_json, run_py
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sim(**extra: str) -> dict[str, str]:
@@ -66,7 +59,7 @@ os._exit(0)
 
 @pytest.mark.parametrize(("asked", "got"), [("nccl", "hccl"), ("cpu:gloo,cuda:nccl", "cpu:gloo,npu:hccl")])
 def test_nccl_request_runs_real_collectives_over_hccl(asked: str, got: str) -> None:
-    port = str(_port())
+    port = str(free_port())
     env = clean_env(_sim(), [str(SIM_SITE)])
     procs = [
         subprocess.Popen([sys.executable, "-c", COLLECTIVES, str(rank), port, asked], env=env, cwd=str(REPO),
@@ -91,7 +84,7 @@ def test_stock_nccl_request_fails_on_the_simulated_ascend() -> None:
     proc = run_py(
         f"""
         import torch.distributed as dist
-        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         """,
         env=_sim(NPU_COMPAT="0"),
         pythonpath=[str(SIM_SITE)],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, free_port
 
 try:
     if not md.version("trinity-rft").startswith("0.6."):
@@ -81,14 +80,8 @@ print(json.dumps({"device": DEVICE, "engine": type(engine).__name__, "intact": i
 )
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_trainer_broadcast_arrives_intact_in_the_rollout_worker() -> None:
-    port = str(_port())
+    port = str(free_port())
     env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
     procs = {
         role: subprocess.Popen([sys.executable, "-c", code, port], env=env, cwd=str(REPO),
@@ -137,7 +130,7 @@ def test_checkpoint_sync_reaches_every_rollout_rank(tmp_path: Any) -> None:
     from tests.catalogue.probes import save_checkpoint
 
     save_checkpoint(str(tmp_path))
-    port = str(_port())
+    port = str(free_port())
     env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
     procs = [
         subprocess.Popen([sys.executable, "-c", CHECKPOINT_RANK, str(rank), port, str(tmp_path)], env=env,

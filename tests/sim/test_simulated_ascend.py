@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, last_json, run_py
+from tests.conftest import REPO, free_port, last_json, run_py
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
@@ -100,12 +99,6 @@ def test_spawned_and_subprocess_children_see_the_same_ascend(tmp_path: Path) -> 
     assert out == {"spawned": [True, 4, False], "sub": [True, 4]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 COLLECTIVES = """
 import json, os, sys, datetime
 import torch, torch.distributed as dist
@@ -131,7 +124,7 @@ def test_hccl_runs_real_collectives_across_two_processes(backend: str) -> None:
 
     from tests.conftest import clean_env
 
-    port = str(_free_port())
+    port = str(free_port())
     script = f"BACKEND = {backend!r}\n" + COLLECTIVES
     env = clean_env(sim(), [str(SIM_SITE)])
     procs = [

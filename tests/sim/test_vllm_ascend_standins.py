@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 import pytest
 
 from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env, last_json, run_py
+from tests.conftest import REPO, clean_env, free_port, last_json, run_py
 
 try:
     VLLM_VERSION: str | None = importlib.metadata.version("vllm")
@@ -184,12 +183,6 @@ def sim_env(**extra: str) -> dict[str, str]:
 
 def sim_child(code: str, timeout: float = 180, **extra: str) -> Any:
     return last_json(run_py(code, env=sim_env(**extra), pythonpath=[str(SIM_SITE)], timeout=timeout))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_ranks(scripts: list[str], timeout: float = 180, **extra: str) -> list[Any]:
