@@ -55,20 +55,27 @@ def npu_on_host() -> Iterator[list[str]]:
 
     Under the simulation no tensor can be allocated on ``npu``; inside this context a
     ``device=`` argument naming ``npu``/``npu:N`` (a factory such as ``torch.empty``, or
-    ``Tensor.to``) is served on the CPU instead -- the same host memory the simulated
-    collectives use -- and appended to the list the context yields.  Anything else,
-    ``cuda`` included, is passed through untouched, so code that still asks for CUDA
-    fails as it would on an Ascend host.  For tests that drive a data path (weight
-    sync) past the point where real code moves tensors to the device.
+    ``Tensor.to``), or a bare index where torch reads it as an ``npu`` index (as in
+    ``module.to(torch.npu.current_device())``), is served on the CPU instead -- the same
+    host memory the simulated collectives use -- and appended to the list the context
+    yields.  Anything else, ``cuda`` included, is passed through untouched, so code that
+    still asks for CUDA fails as it would on an Ascend host.  For tests that drive a data
+    path (weight sync) past the point where real code moves tensors to the device.
     """
     import torch
     from torch.overrides import TorchFunctionMode
 
     requests: list[str] = []
+    # torch reads a bare index as a device of the current accelerator: ``npu`` under the simulation
+    accelerator = torch.accelerator.current_accelerator()
+    indices_are_npu = accelerator is not None and accelerator.type == "npu"
 
     def on_host(value: Any) -> Any:
         if _is_npu(value):
             requests.append(str(value))
+            return torch.device("cpu")
+        if indices_are_npu and isinstance(value, int) and not isinstance(value, bool):
+            requests.append(f"npu:{value}")
             return torch.device("cpu")
         return value
 

@@ -275,6 +275,41 @@ def probe_A23() -> dict[str, Any]:
     return {"broadcast": [name for name, _ in params]}
 
 
+def probe_A21() -> dict[str, Any]:
+    """TrinityActorRolloutRefWorker._save_lora on an FSDP1-wrapped PEFT model must write the adapter.
+
+    Upstream catches the error of its device move and only logs it, so a failed save is seen
+    by the user as a missing ``lora_adapter`` (the Explorer cannot reload LoRA weights); the
+    probe turns that log line into the failure.  Tensors moved to the NPU live on the host
+    (``npu_on_host``).
+    """
+    import tempfile
+
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from transformers import Qwen2ForCausalLM
+    from trinity.trainer.verl.workers import TrinityActorRolloutRefWorker
+
+    from npu_compat.testing._boundary import npu_on_host
+
+    _single_rank_group()
+    lora = LoraConfig(r=2, target_modules=["q_proj"], task_type=TaskType.CAUSAL_LM)
+    model = get_peft_model(Qwen2ForCausalLM(_tiny_hf_config()), lora)
+    fsdp = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    errors: list[str] = []
+    worker = _stub(
+        actor=_stub(engine=_stub(module=fsdp)),
+        logger=_stub(info=lambda *a, **k: None, error=lambda msg, *a, **k: errors.append(str(msg))),
+    )
+    with tempfile.TemporaryDirectory() as directory, npu_on_host() as requests:
+        TrinityActorRolloutRefWorker._save_lora(worker, directory)
+        written = sorted(os.listdir(os.path.join(directory, "lora_adapter")))
+    if errors or "adapter_model.safetensors" not in written:
+        raise RuntimeError(f"LoRA adapter not saved: {'; '.join(errors) or written}")
+    return {"written": written, "npu_requests": sorted(set(requests))}
+
+
 def _single_rank_group() -> None:
     import torch.distributed as dist
 

@@ -45,6 +45,9 @@ ROWS: tuple[Row, ...] = (
     Row("A16", "0.6.0", "any", "CRASH", "trinity.utils.distributed:init_process_group", "AssertionError", 5, fixed=True),
     Row("A17", "0.6.0", "any", "CRASH", "trinity.utils.distributed:VLLMWeightTransferEngine",
         "RuntimeError: torch.cuda.Stream requires CUDA support", 6, fixed=True),
+    Row("A21", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker._save_lora",
+        "RuntimeError: LoRA adapter not saved: Save LoRA adapter error: Torch not compiled with CUDA enabled", 6,
+        fixed=True),
     Row("A22", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.sync_weight_nccl",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A23", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.fsdp_engine:fsdp_sync_weight_nccl",
@@ -77,7 +80,6 @@ NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
     "npu-compat gets it ready (stacks a and b)",
-    "A21": "LoRA save of an FSDP model; needs a built FSDP engine",
     "A29": "green in the stack-b end-to-end run (the legacy worker builds its model past "
     "get_device_capability, up to the FSDP2 compute boundary); a red twin needs a full verl worker config",
     "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
