@@ -1,13 +1,21 @@
-"""Trinity 0.6.0's WRONG rows (A2, A3, A7, A35) with the real upstream code on the simulated Ascend.
+"""The WRONG rows of both releases with the real upstream code on the simulated Ascend.
 
-Nothing here crashes on stock Trinity: it does the CUDA thing silently.  Each child interpreter runs
-what a user's ``trinity run`` runs -- Trinity's own config validators on a real ``Config`` and a tiny
-local model, and the real ``vLLMRolloutModel.__init__`` -- and reports what the user would see: the
-visible-devices variables the rollout engine starts with, the memory check's capacity, threshold and
-advice (and, in the logs, "NO GPU DETECTED"), and the ``torch.npu`` calls the simulation recorded.
+trinity-rft 0.6.0's rows A2, A7, A3, A35 are 0.5.2's rows 2, 9, 3, 32: the same code, patched by the
+same specs (their version range covers both releases), so one module drives whichever release is
+installed.  Nothing here crashes on stock Trinity: it does the CUDA thing silently.  Each child
+interpreter runs what a user's ``trinity run`` runs -- Trinity's own config validators on a real
+``Config`` and a tiny local model, and the real ``vLLMRolloutModel.__init__`` -- and reports what the
+user would see: the visible-devices variables the rollout engine starts with, the memory check's
+capacity, threshold and advice (and, in the logs, "NO GPU DETECTED"), and the ``torch.npu`` calls the
+simulation recorded.
+
+0.5.2's ``vLLMRolloutModel.__init__`` builds the vLLM engine itself (``vllm.AsyncLLMEngine.from_engine_args``),
+which a CPU host cannot run; there the child puts a recorder that notes the environment the engine
+would start with, so the whole of Trinity's ``__init__`` runs.
+
 Three runs: npu-compat on an NPU decision, stock (``NPU_COMPAT=0``), and the CUDA decision (every
-patched object identical, and the same behaviour as stock); with verl < 0.8 a fourth, on an NPU decision
-with ``PYTORCH_NPU_ALLOC_CONF`` set.
+patched object identical, and the same behaviour as stock); where the memory check reaches the FSDP
+estimate, a fourth on an NPU decision with ``PYTORCH_NPU_ALLOC_CONF`` set.
 """
 
 from __future__ import annotations
@@ -28,13 +36,16 @@ try:
     TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
 except md.PackageNotFoundError:
     pytest.skip(
-        "needs trinity-rft 0.6 and verl (installed by the upstream stack sessions)", allow_module_level=True
+        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
     )
-if not TRINITY.startswith("0.6."):
-    pytest.skip(f"rows A2/A3/A7/A35 are trinity-rft 0.6's; {TRINITY} is installed", allow_module_level=True)
+if not TRINITY.startswith(("0.5.", "0.6.")):
+    pytest.skip(f"the rows are trinity-rft 0.5's and 0.6's; {TRINITY} is installed", allow_module_level=True)
 
-#: verl < 0.8 selects Trinity's legacy trainer, the only one whose memory check reaches the FSDP estimate.
-LEGACY = tuple(int(p) for p in VERL.split(".")[:2]) < (0, 8)
+#: 0.5.2 builds its vLLM engine inside ``vLLMRolloutModel.__init__``; 0.6.0 later, in ``prepare``.
+ENGINE_IN_INIT = TRINITY.startswith("0.5.")
+#: The memory check reaches the FSDP estimate (which reads the allocator variable) on 0.5.2, and on
+#: 0.6.0 with verl < 0.8 (its legacy trainer); 0.6.0 with verl >= 0.8 stops before it.
+FSDP_ESTIMATE = ENGINE_IN_INIT or tuple(int(p) for p in VERL.split(".")[:2]) < (0, 8)
 IDS = (
     "trinity.vllm_model.visible_devices",
     "trinity.config_validator.npu_memory_check",
@@ -43,8 +54,8 @@ IDS = (
 )
 
 CHILD = r"""
-import importlib, json, os, sys
-WORKDIR, ENV, SCENARIOS, IMPORT_FIRST = @ARGS@
+import importlib, json, os, sys, types
+WORKDIR, ENV, SCENARIOS, IMPORT_FIRST, ENGINE_IN_INIT = @ARGS@
 for key, value in ENV.items():
     if value is None:
         os.environ.pop(key, None)
@@ -91,22 +102,34 @@ if not os.path.isdir(MODEL):
                 num_key_value_heads=2, vocab_size=1000).save_pretrained(MODEL)
 VARS = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
 
+ENGINE_STARTS = []
+if ENGINE_IN_INIT:  # record the environment the vLLM engine would start with instead of building it
+    import vllm
+    def engine_start(engine_args, *args, **kwargs):
+        ENGINE_STARTS.append({k: os.environ.get(k) for k in VARS})
+        return types.SimpleNamespace(engine_args=engine_args)
+    vllm.AsyncLLMEngine = types.SimpleNamespace(from_engine_args=engine_start)
+
 def npu_calls(name):
     npu = getattr(torch, "npu", None)
     return npu.call_count(name) if npu is not None else 0
 
 def rollout(model_config):
     saved = {k: os.environ.get(k) for k in VARS}
+    starts = len(ENGINE_STARTS)
     vLLMRolloutModel(model_config)
+    if ENGINE_IN_INIT:
+        assert len(ENGINE_STARTS) == starts + 1, "vLLMRolloutModel.__init__ did not start the engine"
     seen = {k: os.environ.get(k) for k in VARS}
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    return {"before": saved, "after": seen, "field_after": model_config.cuda_visible_devices}
+    return {"before": saved, "after": seen, "field_after": model_config.cuda_visible_devices,
+            "engine": ENGINE_STARTS[-1] if ENGINE_IN_INIT else seen}
 
-if "visible" in SCENARIOS:  # rows A2 + A7
+if "visible" in SCENARIOS:  # rows A2 + A7 (0.5.2: 2 + 9)
     cfg = Config()
     cfg.mode = "colocate"
     cfg.model.model_path = MODEL
@@ -121,7 +144,7 @@ if "visible" in SCENARIOS:  # rows A2 + A7
     cfg.explorer.rollout_model.cuda_visible_devices = "1"  # the field set by hand
     out["explicit"] = rollout(cfg.explorer.rollout_model)
 
-if "memory" in SCENARIOS:  # row A3
+if "memory" in SCENARIOS:  # row A3 (0.5.2: 3)
     cfg = Config()
     cfg.mode = "both"
     cfg.model.model_path = cfg.model.critic_model_path = MODEL
@@ -141,7 +164,7 @@ if "memory" in SCENARIOS:  # row A3
     npu = getattr(torch, "npu", None)
     out["npu_total_memory"] = npu.get_device_properties(0).total_memory if npu is not None else None
 
-if "lora" in SCENARIOS:  # row A35
+if "lora" in SCENARIOS:  # row A35 (0.5.2: 32)
     cfg = Config()
     cfg.model.model_path = MODEL
     cfg.checkpoint_job_dir = os.path.join(WORKDIR, "job")
@@ -167,27 +190,37 @@ def _run(
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
     sim.update(extra, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with tempfile.TemporaryDirectory(prefix="npu-compat-wrong-rows-") as workdir:
-        args = json.dumps([workdir, dict(alloc or CUDA_HABIT), list(scenarios), run == "cuda"])
+        args = json.dumps(
+            [workdir, dict(alloc or CUDA_HABIT), list(scenarios), run == "cuda", ENGINE_IN_INIT]
+        )
         code = CHILD.replace("@ARGS@", f"json.loads({args!r})")
         proc = run_py(code, env=sim, pythonpath=[str(SIM_SITE)], timeout=600)
     return last_json(proc), proc.stdout + proc.stderr  # Trinity logs to stdout
 
 
-# -- rows A2 + A7: the colocated rollout engine's visible devices ------------------------------------
+# -- rows A2 + A7 (0.5.2: 2 + 9): the colocated rollout engine's visible devices ---------------------
 
 
 def test_colocated_rollout_engine_gets_the_ascend_visible_devices() -> None:
     out, _ = _run("npu")
     assert out["device"] == "npu"
-    assert out["colocate_field"] == "0"  # Trinity's validator, unchanged (row A2)
+    assert out["colocate_field"] == "0"  # Trinity's validator, unchanged (row A2 / 2)
     colocate = out["colocate"]
     assert colocate["before"]["ASCEND_RT_VISIBLE_DEVICES"] != "0"  # the simulated host shows two NPUs
+    # 0.5.2's engine, built inside __init__, already starts with the Ascend variable (row 9)
+    assert colocate["engine"] == colocate["after"]
     assert colocate["after"] == {"ASCEND_RT_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": None}
     assert colocate["field_after"] == "0"  # the config is left as the validator made it
-    assert out["explicit"]["after"] == {"ASCEND_RT_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": None}
+    explicit = out["explicit"]
+    assert (
+        explicit["engine"]
+        == explicit["after"]
+        == {"ASCEND_RT_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": None}
+    )
+    assert explicit["field_after"] == "1"
     # outside colocate mode there is nothing to export, and nothing is
     assert out["both_field"] is None
-    assert out["both"]["after"] == out["both"]["before"]
+    assert out["both"]["engine"] == out["both"]["after"] == out["both"]["before"]
 
 
 def test_stock_exports_cuda_visible_devices_that_ascend_ignores() -> None:
@@ -195,13 +228,17 @@ def test_stock_exports_cuda_visible_devices_that_ascend_ignores() -> None:
     assert out["device"] == "off"
     assert out["colocate_field"] == "0"
     colocate = out["colocate"]
-    assert colocate["after"] == {
-        "CUDA_VISIBLE_DEVICES": "0",
-        "ASCEND_RT_VISIBLE_DEVICES": colocate["before"]["ASCEND_RT_VISIBLE_DEVICES"],
-    }
+    assert (
+        colocate["engine"]
+        == colocate["after"]
+        == {
+            "CUDA_VISIBLE_DEVICES": "0",
+            "ASCEND_RT_VISIBLE_DEVICES": colocate["before"]["ASCEND_RT_VISIBLE_DEVICES"],
+        }
+    )
 
 
-# -- row A3: the trainer memory check -----------------------------------------------------------------
+# -- row A3 (0.5.2: 3): the trainer memory check -----------------------------------------------------------------
 
 
 def test_memory_check_runs_against_the_npu() -> None:
@@ -210,8 +247,8 @@ def test_memory_check_runs_against_the_npu() -> None:
     assert "NO GPU DETECTED" not in logs
     assert memory["npu_properties_calls"] == 1
     assert memory["capacity"] == out["npu_total_memory"] > 0
-    if not LEGACY:
-        return  # trinity with verl >= 0.8 stops before the FSDP estimate ("trainer_config is not set")
+    if not FSDP_ESTIMATE:
+        return  # trinity 0.6 with verl >= 0.8 stops before the FSDP estimate ("trainer_config is not set")
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set, and means nothing to torch_npu
     assert memory["expandable"] is False
     assert memory["threshold"] == pytest.approx(0.8 * memory["capacity"])
@@ -220,7 +257,7 @@ def test_memory_check_runs_against_the_npu() -> None:
 
 
 @pytest.mark.skipif(
-    not LEGACY, reason="trinity with verl >= 0.8 skips the FSDP estimate that reads the variable"
+    not FSDP_ESTIMATE, reason="trinity 0.6 with verl >= 0.8 skips the FSDP estimate that reads the variable"
 )
 def test_memory_threshold_and_advice_follow_pytorch_npu_alloc_conf() -> None:
     alloc = (("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"), ("PYTORCH_CUDA_ALLOC_CONF", None))
@@ -240,7 +277,7 @@ def test_stock_memory_check_is_skipped_with_no_gpu_detected() -> None:
     assert out["memory"]["npu_properties_calls"] == 0
 
 
-# -- row A35: the dummy LoRA's cache --------------------------------------------------------------------
+# -- row A35 (0.5.2: 32): the dummy LoRA's cache --------------------------------------------------------------------
 
 
 def test_dummy_lora_empties_the_npu_cache() -> None:
