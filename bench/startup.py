@@ -6,6 +6,8 @@ them alike; the figure of merit is the ratio of medians against plain start-up
 
 * ``noop``          -- ``import npu_compat; npu_compat.activate()`` on a host with no Ascend
                        evidence (explicit activation, the path every CUDA/CPU user takes)
+* ``empty-package`` -- ``import empty_package``: a package with an empty ``__init__`` on
+                       ``PYTHONPATH``, the floor under any ``import X; X.activate()``
 * ``npu-register``  -- the same with ``NPU_COMPAT_DEVICE=npu``: every post-import hook
                        registered, no upstream target imported
 * ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's
@@ -17,7 +19,8 @@ them alike; the figure of merit is the ratio of medians against plain start-up
   the same interpreter in a venv without it
 
 Goals: noop, boot-noop, pth-noop <= 1.02x; npu-register, boot-npu, pth-npu <= 1.05x;
-launcher <= 2.5x.  Run: ``python bench/startup.py [rounds] [--installed]``.  For the Ray
+launcher <= 2.5x.  Run: ``python bench/startup.py [rounds] [--installed]``; the interpreter is
+a bare venv of the one running the script (``BENCH_PYTHON`` names another).  For the Ray
 actor start-up, see ``bench/ray_actor.py``.
 """
 
@@ -37,7 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
-PY = os.environ.get("BENCH_PYTHON", sys.executable)
+CWD = tempfile.gettempdir()  # not the checkout: ``-c`` puts the working directory on sys.path
+PY = os.environ.get("BENCH_PYTHON", "")  # default: a bare venv made for the run (see _bare_python)
 
 GOALS = {
     "noop": 1.02,
@@ -57,6 +61,22 @@ def _env(pythonpath: list[str], **extra: str) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     env.update(extra)
     return env
+
+
+def _bare_python(tmp: Path) -> str:
+    """An interpreter whose start-up nothing else touches: a fresh venv without pip.
+
+    The interpreter running this script may have npu-compat installed (its ``.pth`` would then
+    run in "plain" too) or a base site-packages full of ``.pth`` files that inflate every start.
+    """
+    root = tmp / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = str(root / "bin" / "python")
+    probe = subprocess.run(
+        [python, "-c", "import npu_compat"], env=_env([]), cwd=str(tmp), capture_output=True
+    )
+    assert probe.returncode != 0, "the bare interpreter can import npu_compat; plain would not be plain"
+    return python
 
 
 def _package_only(tmp: Path) -> str:
@@ -86,10 +106,19 @@ def _installed_venvs(tmp: Path) -> tuple[str, str] | None:
     return pythons[0], pythons[1]
 
 
+def _empty_package(tmp: Path) -> str:
+    path = tmp / "empty"
+    (path / "empty_package").mkdir(parents=True)
+    (path / "empty_package" / "__init__.py").write_text("")
+    compileall.compile_dir(str(path), quiet=1)
+    return str(path)
+
+
 def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
     pkg = _package_only(tmp)
     out = {
         "plain": ([PY, "-c", "pass"], _env([])),
+        "empty-package": ([PY, "-c", "import empty_package"], _env([_empty_package(tmp)])),
         "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
         "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
         "boot-noop": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)])),
@@ -108,7 +137,7 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
 
 def _time_once(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True)
+    subprocess.run(argv, env=env, check=True, cwd=CWD)
     return time.perf_counter() - start
 
 
@@ -132,7 +161,9 @@ def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> d
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rounds = int(args[0]) if args else 200
+    global PY
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
+        PY = PY or _bare_python(Path(tmp))
         runs = variants(Path(tmp), "--installed" in sys.argv)
         samples = measure(rounds, runs)
     print(f"interpreter start-up, {rounds} interleaved rounds, median wall time per start ({PY})")
