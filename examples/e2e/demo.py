@@ -22,7 +22,7 @@ The variants, chosen to fit a few minutes on a 2-core machine:
   ever fulfil it), instead of waiting for the e2e test's fixed bound; 1.5-2.5 minutes in all here.
 * npu-compat ``auto`` -- the bundled config unchanged: npu-compat counts the NPUs, and the trainer side
   gets as far as the simulation can go (FSDP2 moving parameters to ``npu`` tensors), 1.5-4 minutes.
-  ``explore`` (the rollout side, up to the vllm-ascend stand-in's ``init_device``) takes about as long;
+  ``explore`` (the rollout side, up to the vllm-ascend stand-in's ``NPUModelRunner``) takes about as long;
   running both would add ~2 minutes for little more of a picture.
 
 On Ctrl-C or SIGTERM the current scenario kills its ``trinity run`` process group and stops its Ray

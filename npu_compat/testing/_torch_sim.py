@@ -246,6 +246,9 @@ def _build_module() -> types.ModuleType:
     def ipc_collect() -> None:
         pass
 
+    def _is_in_bad_fork() -> bool:  # torch.manual_seed asks every device module (as torch_npu's)
+        return False
+
     class device:
         def __init__(self, dev: Any) -> None:
             self.index = _index(dev)
@@ -262,7 +265,7 @@ def _build_module() -> types.ModuleType:
         is_available, is_initialized, init, device_count, current_device, set_device, synchronize,
         empty_cache, current_stream, default_stream, set_stream, stream, get_device_capability,
         get_device_properties, get_device_name, mem_get_info, reset_peak_memory_stats,
-        set_per_process_memory_fraction, manual_seed, manual_seed_all, ipc_collect,
+        set_per_process_memory_fraction, manual_seed, manual_seed_all, ipc_collect, _is_in_bad_fork,
     ):  # fmt: skip
         setattr(npu, fn.__name__, fn)
     npu.device = device  # type: ignore[attr-defined]

@@ -82,20 +82,30 @@ def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
 
 def test_compat_explore_reaches_the_vllm_ascend_worker(tmp_path: Path) -> None:
     """Mode explore: the rollout actor sits in an NPU bundle and vLLM builds its engine on the
-    (simulated) Ascend platform, until the vllm_ascend stand-in's ``init_device`` needs a real NPU."""
+    (simulated) Ascend platform; the worker's ``init_device`` forms its HCCL world group, and its
+    ``load_model`` (npu-compat's Trinity worker on ``NPUWorker``) registers Trinity's checkpoint
+    weight-transfer engine -- importing ``vllm_extension``, whose patches apply in that process --
+    until the vllm_ascend stand-in's ``NPUModelRunner`` needs a real NPU."""
     result = _run(tmp_path, "compat", "explore", 300)
     assert result["stages"] == ROLLOUT_SIDE, result
     assert result["boundaries"] == ["vllm-ascend stand-in: needs a real NPU"], result
-    assert str(result["first_error"]).startswith("npu_compat.testing._boundary.SimulatedComputeBoundary"), (
-        result
-    )
+    assert str(result["first_error"]).startswith(
+        "npu_compat.testing._boundary.SimulatedComputeBoundary: simulated Ascend: NPUModelRunner.load_model"
+    ), result
     _assert_applied(
         result,
         {
             "ray-driver": ["trinity.config_validator.npu_count"],
             "Explorer": ["ray.options.actor", "ray.placement_group"],
             "vLLMRolloutModel": ["trinity.vllm_model.visible_devices", "vllm.weight_transfer.nccl_is_hccl"],
-            "vllm (VllmWorker-0)": ["trinity.vllm.worker_cls", "vllm.weight_transfer.nccl_is_hccl"],
+            "vllm (VllmWorker-0)": [
+                "trinity.vllm.worker_cls",
+                "vllm.weight_transfer.nccl_is_hccl",
+                "trinity.vllm_extension.hccl_group",
+                "trinity.vllm_extension.cuda",
+                "trinity.vllm_extension.produce_checkpoint_weights.cuda_literals",
+                "trinity.vllm_extension.consume_checkpoint_weights.cuda_literals",
+            ],
         },
     )
 

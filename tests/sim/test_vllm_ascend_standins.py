@@ -66,6 +66,7 @@ REAL_0_23_0_POST1 = {
     'vllm_ascend:register_model_loader': '()',
     'vllm_ascend:register_service_profiling': '()',
     'vllm_ascend:register_model': '()',
+    'vllm_ascend.platform:NPUPlatform.manual_seed_all': '(seed: int) -> None',
     'vllm_ascend.worker.worker:NPUWorker.__init__': '(self, vllm_config: VllmConfig, local_rank: int, rank: int, distributed_init_method: str, is_driver_worker: bool=False, **kwargs)',
     'vllm_ascend.worker.worker:NPUWorker.uninstall_static_kernel': '(self)',
     'vllm_ascend.worker.worker:NPUWorker.sleep': '(self, level: int=1) -> None',
@@ -387,8 +388,20 @@ def outcome(call):
     except (ValueError, RuntimeError) as e:
         return f"{type(e).__name__}: {e}"
 
-out["init_device"] = outcome(worker.init_device)
-out["load_model"] = outcome(worker.load_model)
+out["load_model"] = outcome(worker.load_model)  # no init_device yet: no model runner at all
+# init_device as a real rank 0 of a world of one: the device set, the groups formed, the runner a boundary
+import torch.distributed as dist
+from vllm.distributed.parallel_state import get_tp_group
+first = NPUWorker(config, local_rank=1, rank=0, distributed_init_method="tcp://127.0.0.1:@PORT@")
+from vllm.config import set_current_vllm_config
+with set_current_vllm_config(config):  # as vLLM's WorkerWrapperBase.init_device calls it
+    out["init_device_rank0"] = outcome(first.init_device)
+out["after_init_device"] = {
+    "device": str(first.device), "current": torch.npu.current_device(),
+    "backend": dist.get_backend(), "world": dist.get_world_size(), "tp": get_tp_group().world_size,
+    "set_device_calls": torch.npu.call_count("set_device"),
+}
+out["runner"] = outcome(first.get_supported_tasks)  # delegates to the model runner
 out["sleep"] = outcome(worker.sleep)
 out["execute_model"] = outcome(lambda: worker.execute_model(None))
 out["wake_up"] = outcome(worker.wake_up)                          # VLLM_ASCEND_ENABLE_NZ defaults to 1
@@ -405,13 +418,21 @@ print(json.dumps(out))
 
 
 def test_npu_worker_does_the_bookkeeping_and_stops_at_the_compute_boundary() -> None:
-    out = sim_child(WORKER)
+    out = sim_child(WORKER.replace("@PORT@", str(free_port())))
     assert out["rank"] == [1, 1] and out["device"] is None
     assert out["cache_dtype"] == "torch.uint8"  # vLLM's STR_DTYPE_TO_TORCH_DTYPE["fp8"]
-    for method in ("init_device", "load_model", "sleep", "execute_model", "wake_up_nz0"):
+    for method in ("load_model", "sleep", "execute_model", "wake_up_nz0"):
         assert out[method].startswith(
             f"boundary: simulated Ascend: {method.removesuffix('_nz0')} needs a real NPU"
         )
+    # a real rank: init_device does its bookkeeping for real and returns; the model runner is the boundary
+    assert out["init_device_rank0"] == "ok"
+    assert out["after_init_device"] == {
+        "device": "npu:1", "current": 1, "backend": "hccl", "world": 1, "tp": 1, "set_device_calls": 1,
+    }  # fmt: skip
+    assert out["runner"].startswith(
+        "boundary: simulated Ascend: NPUModelRunner.get_supported_tasks needs a real NPU"
+    )
     # as the real one: wake_up refuses FRACTAL_NZ weights before touching NPU memory
     fix = "weight_nz_mode=0 via --additional-config" if V023 else "VLLM_ASCEND_ENABLE_NZ=0"
     assert out["wake_up"] == (

@@ -7,8 +7,9 @@ vllm-ascend 0.23.0.post1 (and of 0.18.0, which lacks ``ray_noset_device_env_vars
 inherits vLLM's empty default).  Like the real class it subclasses vLLM's ``Platform``
 with ``_enum = PlatformEnum.OOT``; subclassing registers nothing, and this stand-in is no
 platform plugin (see ``vllm_ascend``), so vLLM's ``current_platform`` never becomes it.
-None of the real class methods (config checks, attention backends, device communicator,
-worker selection) is simulated.
+Of the real class methods only ``manual_seed_all`` (0.23.0.post1; a no-op there too, and what
+vLLM's ``set_random_seed`` calls in a worker's ``init_device``) is mirrored; the rest (config
+checks, attention backends, device communicator, worker selection) is not simulated.
 """
 
 from vllm.platforms import Platform, PlatformEnum
@@ -28,6 +29,12 @@ class NPUPlatform(Platform):
             "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
         ]
     dispatch_key: str = "PrivateUse1"
+
+    if PAIRS_WITH_VLLM_0_23:
+
+        @classmethod
+        def manual_seed_all(cls, seed: int) -> None:
+            pass
 
     #: Not in the real class: marks the stand-in.
     SIMULATED = True

@@ -1,5 +1,5 @@
 # Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
-# mypy: disable-error-code="import-not-found,misc,no-any-return,no-untyped-def,type-arg"
+# mypy: disable-error-code="import-not-found,misc,no-any-return,no-untyped-def,type-arg,no-untyped-call"
 """SIMULATED vllm_ascend.worker.worker (npu_compat.testing) -- not Huawei's vllm-ascend.
 
 Mirrors ``NPUWorker`` of ``vllm_ascend/worker/worker.py`` in vllm-ascend 0.23.0.post1
@@ -23,15 +23,21 @@ weight-transfer engine through vLLM's ``WeightTransferEngineFactory``, and
 ``finish_weight_update`` / ``shutdown`` run as in the real worker, with the worker's
 ``npu:N`` device mapped to the CPU.  Delegations to ``self.model_runner`` are kept.
 
+``init_device`` sets the device, checks the (simulated) free memory, and forms the world and
+model-parallel groups on the ``hccl`` backend (Gloo underneath) as the real one does; the
+``NPUModelRunner`` it would then build holds its buffers on the NPU, so it puts a placeholder
+there whose first use is the boundary (normally the next call, ``load_model``).
+
 Where it stops (``SimulatedComputeBoundary``, "simulated Ascend: <method> needs a real
-NPU"): ``init_device`` (device memory snapshot, HCCL world group, ``NPUModelRunner``),
-``load_model`` while there is no model runner (the real one comes from ``init_device``;
-a test may attach a CPU one), ``sleep``/``wake_up`` (CaMemAllocator), memory profiling,
-model execution, warm-up and graph capture, KV-cache allocation, the torch_npu profiler.
+NPU"): any use of the model runner ``init_device`` left (``NPUModelRunner.<name>``; a test may
+attach a CPU runner instead), ``load_model`` while there is no model runner at all,
+``sleep``/``wake_up`` (CaMemAllocator), memory profiling, model execution, warm-up and graph
+capture, KV-cache allocation, the torch_npu profiler.
 Not simulated at all: ``adapt_patch()`` (vllm-ascend's patches to vLLM), custom-op and ATB
 registration, the Ascend config and SoC checks, CPU binding, static-kernel signal handlers.
 """
 
+import gc
 import importlib
 import logging
 import os
@@ -40,6 +46,7 @@ import torch
 import torch.nn as nn
 import vllm.envs as envs_vllm
 from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 from vllm.distributed.kv_transfer import (
     get_kv_transfer_group,
     has_kv_transfer_group,
@@ -48,7 +55,7 @@ from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import logger
 from vllm.lora.request import LoRARequest
 from vllm.tasks import SupportedTask
-from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE, set_random_seed
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import (
@@ -75,6 +82,19 @@ if PAIRS_WITH_VLLM_0_23:
     from vllm.v1.worker.worker_base import CompilationTimes
 
 _NO_CA_MEM = "sleep mode's CaMemAllocator manages NPU memory"
+
+
+class _ModelRunnerBoundary:
+    """Where ``init_device`` puts the ``NPUModelRunner``: every use of it is the compute boundary."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise needs_npu(
+            f"NPUModelRunner.{name}", "the model runner holds its buffers and the model on the NPU"
+        )
+
+
 _NZ_MESSAGE = (
     "FRACTAL_NZ mode is enabled. This may cause model parameter precision issues "
     "in the RL scenarios. Please set {fix}."
@@ -299,10 +319,46 @@ class NPUWorker(WorkerBase):
         self.cache_config.num_cpu_blocks = num_cpu_blocks
 
     def _init_device(self):
-        raise needs_npu("_init_device", "device memory snapshot and the HCCL world group")
+        device = torch.device(f"npu:{self.local_rank}")
+        torch.npu.set_device(device)
+        gc.collect()
+        torch.npu.empty_cache()
+        # The real worker takes a MemorySnapshot here; the same check on the simulated device's numbers.
+        free, total = torch.npu.mem_get_info()
+        self.requested_memory = total * self.cache_config.gpu_memory_utilization
+        if free < self.requested_memory:
+            raise ValueError(
+                f"Free memory on device ({free}/{total} bytes) on startup is less than desired GPU memory "
+                f"utilization ({self.cache_config.gpu_memory_utilization}, {self.requested_memory} bytes)."
+            )
+        # Initialize the distributed environment.
+        self._init_worker_distributed_environment()
+        # Set random seed.
+        set_random_seed(self.model_config.seed if self.model_config is not None else None)
+        return device
+
+    def _init_worker_distributed_environment(self) -> None:
+        """The HCCL world and model-parallel groups, on the simulated ``hccl`` backend (Gloo underneath).
+
+        Not simulated: ``init_batch_invariance``, ``init_ascend_model_parallel`` (vllm-ascend's own
+        MC2/expert groups) and ``ensure_ec_transfer_initialized``.
+        """
+        init_distributed_environment(
+            self.parallel_config.world_size, self.rank, self.distributed_init_method, self.local_rank, "hccl"
+        )
+        ensure_model_parallel_initialized(
+            self.parallel_config.tensor_parallel_size,
+            self.parallel_config.pipeline_parallel_size,
+            self.parallel_config.prefill_context_parallel_size,
+            self.parallel_config.decode_context_parallel_size,
+        )
 
     def init_device(self):
-        raise needs_npu("init_device", "device memory snapshot, the HCCL world group and the NPUModelRunner")
+        self.device = self._init_device()
+        # The real NPUModelRunner allocates its input buffers on the NPU in its constructor; the
+        # stand-in stops at its first use instead, so that what a worker subclass does before it
+        # (Trinity's load_model registers its weight-transfer engine) still runs.
+        self.model_runner = _ModelRunnerBoundary()
 
     def determine_available_memory(self) -> int:
         raise needs_npu("determine_available_memory", "profiling NPU memory")
@@ -454,9 +510,6 @@ class NPUWorker(WorkerBase):
 
     def execute_dummy_batch(self) -> None:
         raise needs_npu("execute_dummy_batch", "model execution")
-
-    def _init_worker_distributed_environment(self) -> None:
-        raise needs_npu("_init_worker_distributed_environment", "vllm-ascend's model-parallel groups")
 
     if not PAIRS_WITH_VLLM_0_23:
 
