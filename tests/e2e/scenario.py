@@ -46,7 +46,8 @@ STAGES: list[tuple[str, str]] = [
     ("npus_counted", r"Auto-detected and set gpu_per_node: [1-9]"),
     ("config_validated", r"total_gpu_num=2,\s*rollout_gpu_num=1,"),
     ("explorer_actor", r"Finished initializing Explorer"),
-    ("trainer_actor", r"Initializing verl Trainer"),
+    # 0.6.0 logs the first; 0.5.2 logs nothing there, and Ray names the actor's worker (its .out log)
+    ("trainer_actor", r"Initializing verl Trainer|^:actor_name:Trainer$"),
     ("verl_pg_ready", r"Successfully created placement group global_pool"),
     ("verl_workers_started", r"^:actor_name:WorkerDict"),
     ("verl_models_built", r"actor and ref model engine initialized"),

@@ -67,6 +67,7 @@ REAL_0_23_0_POST1 = {
     'vllm_ascend:register_service_profiling': '()',
     'vllm_ascend:register_model': '()',
     'vllm_ascend.platform:NPUPlatform.manual_seed_all': '(seed: int) -> None',
+    'vllm_ascend.platform:NPUPlatform.check_and_update_config': '(vllm_config: VllmConfig) -> None',
     'vllm_ascend.worker.worker:NPUWorker.__init__': '(self, vllm_config: VllmConfig, local_rank: int, rank: int, distributed_init_method: str, is_driver_worker: bool=False, **kwargs)',
     'vllm_ascend.worker.worker:NPUWorker.uninstall_static_kernel': '(self)',
     'vllm_ascend.worker.worker:NPUWorker.sleep': '(self, level: int=1) -> None',
@@ -134,6 +135,7 @@ REAL_0_18_0 = {
     'vllm_ascend:register_connector': '()',
     'vllm_ascend:register_model_loader': '()',
     'vllm_ascend:register_service_profiling': '()',
+    'vllm_ascend.platform:NPUPlatform.check_and_update_config': '(vllm_config: VllmConfig) -> None',
     'vllm_ascend.worker.worker:NPUWorker.__init__': '(self, vllm_config: VllmConfig, local_rank: int, rank: int, distributed_init_method: str, is_driver_worker: bool=False, **kwargs)',
     'vllm_ascend.worker.worker:NPUWorker.uninstall_static_kernel': '(self)',
     'vllm_ascend.worker.worker:NPUWorker.sleep': '(self, level: int=1) -> None',
@@ -266,7 +268,7 @@ for (modname, owner), names in classes.items():
     cls = getattr(importlib.import_module(modname), owner)
     if dataclasses.is_dataclass(cls) or owner in PARTIAL:
         continue
-    defined = {n for n, v in vars(cls).items() if inspect.isfunction(v) or isinstance(v, staticmethod)}
+    defined = {n for n, v in vars(cls).items() if inspect.isfunction(v) or isinstance(v, (staticmethod, classmethod))}
     if defined != names:
         problems.append(f"{owner}: methods differ: extra {sorted(defined - names)}, missing {sorted(names - defined)}")
 

@@ -7,14 +7,23 @@ vllm-ascend 0.23.0.post1 (and of 0.18.0, which lacks ``ray_noset_device_env_vars
 inherits vLLM's empty default).  Like the real class it subclasses vLLM's ``Platform``
 with ``_enum = PlatformEnum.OOT``; subclassing registers nothing, and this stand-in is no
 platform plugin (see ``vllm_ascend``), so vLLM's ``current_platform`` never becomes it.
-Of the real class methods only ``manual_seed_all`` (0.23.0.post1; a no-op there too, and what
-vLLM's ``set_random_seed`` calls in a worker's ``init_device``) is mirrored; the rest (config
-checks, attention backends, device communicator, worker selection) is not simulated.
+Of the real class methods two are mirrored: ``manual_seed_all`` (0.23.0.post1; a no-op there too,
+and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``) and, of
+``check_and_update_config``, the worker selection alone (``worker_cls="auto"`` becomes
+vllm-ascend's ``NPUWorker``; the 310P and Xlite workers are not simulated).  The rest (config
+checks and updates, attention backends, device communicator) is not simulated.
 """
+
+from typing import TYPE_CHECKING
 
 from vllm.platforms import Platform, PlatformEnum
 
 from ._version import PAIRS_WITH_VLLM_0_23
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+else:  # as the real module: vllm.config imports the platform while it initialises
+    VllmConfig = None
 
 
 class NPUPlatform(Platform):
@@ -29,6 +38,12 @@ class NPUPlatform(Platform):
             "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
         ]
     dispatch_key: str = "PrivateUse1"
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        parallel_config = vllm_config.parallel_config
+        if parallel_config and parallel_config.worker_cls == "auto":
+            parallel_config.worker_cls = "vllm_ascend.worker.worker.NPUWorker"
 
     if PAIRS_WITH_VLLM_0_23:
 
