@@ -16,7 +16,8 @@ them alike; the figure of merit is the ratio of medians against plain start-up
 * ``launcher``      -- ``python -m npu_compat python -c pass``: the launcher, then its child
 * with ``--installed`` (needs ``uv``): ``pth-noop`` / ``pth-npu`` -- ``python -c pass`` in a venv
   with npu-compat installed (``npu_compat.pth`` + ``sitecustomize``), against ``pth-plain``,
-  the same interpreter in a venv without it
+  the same interpreter in a venv without it; ``pth-empty``, a venv whose one ``.pth`` imports an
+  empty module, is the floor under any ``.pth`` activation
 
 Goals: noop, boot-noop, pth-noop <= 1.02x; npu-register, boot-npu, pth-npu <= 1.05x;
 launcher <= 2.5x.  Run: ``python bench/startup.py [rounds] [--installed]``; the interpreter is
@@ -87,23 +88,29 @@ def _package_only(tmp: Path) -> str:
     return str(path)
 
 
-def _installed_venvs(tmp: Path) -> tuple[str, str] | None:
+def _installed_venvs(tmp: Path) -> tuple[str, str, str] | None:
+    """Three venvs of PY: bare; with a ``.pth`` that imports an empty module (the floor of any
+    ``.pth`` activation); with npu-compat installed."""
     uv = shutil.which("uv")
     if uv is None:
         print("--installed: uv is not on PATH; skipped")
         return None
     pythons = []
-    for name, install in (("plain", False), ("installed", True)):
+    for name in ("plain", "pth-empty", "installed"):
         root = tmp / name
         subprocess.run([uv, "venv", "-q", "-p", PY, str(root)], check=True)
         python = root / "bin" / "python"
-        if install:
+        if name == "installed":
             subprocess.run(
                 [uv, "pip", "install", "-q", "--offline", "--python", str(python), str(REPO)], check=True
             )
+        if name == "pth-empty":
+            (site,) = (root / "lib").glob("python*/site-packages")
+            (site / "empty_module.py").write_text("")
+            (site / "empty_module.pth").write_text("import empty_module\n")
         subprocess.run([str(python), "-m", "compileall", "-q", str(root / "lib")], check=True)
         pythons.append(str(python))
-    return pythons[0], pythons[1]
+    return pythons[0], pythons[1], pythons[2]
 
 
 def _empty_package(tmp: Path) -> str:
@@ -128,8 +135,9 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
     if installed:
         venvs = _installed_venvs(tmp)
         if venvs is not None:
-            plain, with_pth = venvs
+            plain, empty_pth, with_pth = venvs
             out["pth-plain"] = ([plain, "-c", "pass"], _env([]))
+            out["pth-empty"] = ([empty_pth, "-c", "pass"], _env([]))
             out["pth-noop"] = ([with_pth, "-c", "pass"], _env([]))
             out["pth-npu"] = ([with_pth, "-c", "pass"], _env([], NPU_COMPAT_DEVICE="npu"))
     return out
