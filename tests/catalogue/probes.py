@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -526,6 +527,58 @@ def probe_A30() -> dict[str, Any]:
     finally:
         fsdp_workers.iter_fsdp_per_tensor_param = original
     return {"sent": sent}
+
+
+class _ModelBuildReached(Exception):
+    """Raised by the probe's stand-in for the model class lookup: the model build was reached."""
+
+
+def probe_A29() -> dict[str, Any]:
+    """Legacy ActorRolloutRefWorker._build_model_optimizer on rank 1 (FSDP2) must get past the device
+    capability query and build its model on ``meta``, as upstream chose for capability >= 9.
+
+    The real method runs from its start (tokenizer, config, generation config of a tiny local model)
+    through ``get_device_capability(0)`` and the meta-init decision; the probe stops it where the model
+    class is looked up inside the chosen init context (harness, not upstream) and reports that context.
+    """
+    import tempfile
+
+    import torch
+    from omegaconf import OmegaConf
+    from trinity.trainer.verl_legacy import fsdp_workers
+
+    from tests.e2e.tiny_model import make_tiny_model
+
+    reached: list[str] = []
+
+    def model_class(config: Any) -> Any:
+        reached.append(torch.empty(0).device.type)  # the init context: "meta" or "cpu"
+        raise _ModelBuildReached
+
+    worker = _stub(
+        rank=1, device_mesh=None, _is_lora=False, _is_actor=True, ulysses_sequence_parallel_size=1,
+        logger=logging.getLogger("npu-compat-probe"),
+        config=OmegaConf.create({
+            "actor": {"strategy": "fsdp2"},
+            "model": {"custom_chat_template": None, "rope_scaling": None, "rope_theta": None},
+        }),
+    )  # fmt: skip
+    fsdp_config = OmegaConf.create({"mixed_precision": None, "dtype": "bf16", "model_dtype": "fp32"})
+    original = fsdp_workers.get_hf_auto_model_class
+    fsdp_workers.get_hf_auto_model_class = model_class
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            model = str(make_tiny_model(directory))
+            with contextlib.suppress(_ModelBuildReached):
+                fsdp_workers.ActorRolloutRefWorker._build_model_optimizer(
+                    worker, model, fsdp_config, optim_config=None, override_model_config={},
+                    role="actor",
+                )  # fmt: skip
+    finally:
+        fsdp_workers.get_hf_auto_model_class = original
+    if reached != ["meta"]:
+        raise AssertionError(f"rank 1 of FSDP2 should build its model on meta; init contexts seen: {reached}")
+    return {"init_context": reached[0]}
 
 
 # -- trinity-rft 0.5.2 ---------------------------------------------------------------------------

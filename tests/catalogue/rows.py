@@ -55,6 +55,8 @@ ROWS: tuple[Row, ...] = (
     Row("A24", "0.6.0", "verl>=0.8", "CRASH", "trinity.trainer.verl.monkey_patch:_build_module",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A28", "0.6.0", "verl<0.8", "HANG", "trinity.trainer.verl_legacy.verl_config:Trainer.device", "pending", 6, fixed=True),
+    Row("A29", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker._build_model_optimizer",
+        "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A30", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker.sync_weight",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     # trinity-rft 0.5.2 (stack c)
@@ -80,8 +82,6 @@ NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
     "npu-compat gets it ready (stacks a and b)",
-    "A29": "green in the stack-b end-to-end run (the legacy worker builds its model past "
-    "get_device_capability, up to the FSDP2 compute boundary); a red twin needs a full verl worker config",
     "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
     "23": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
 }
