@@ -79,11 +79,14 @@ ROWS: tuple[Row, ...] = (
 
 #: HANG/CRASH rows of the map without a catalogue probe: where they are driven instead, or why not.
 NOT_YET_DRIVEN: dict[str, str] = {
-    "A8": "no single-process red twin; its green path is tests/patches/test_weight_sync.py (two processes)",
+    "A8": "green across two processes in tests/patches/test_weight_sync.py; stock never reaches it: the "
+    "trainer side crashes first (row A17)",
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
     "npu-compat gets it ready (stacks a and b)",
-    "14": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
-    "23": "no single-process red twin; driven across two processes by tests/patches/test_weight_sync_052.py",
+    "14": "driven across two processes by tests/patches/test_weight_sync_052.py, both twins (stock: "
+    "test_without_npu_compat_neither_side_forms_the_group)",
+    "23": "driven across two processes by tests/patches/test_weight_sync_052.py, both twins (stock: "
+    "test_without_npu_compat_neither_side_forms_the_group)",
 }
 
 
