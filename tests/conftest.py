@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,16 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from npu_compat.testing._ray import _free_port
+
 pytest_plugins = ["npu_compat.testing.pytest_plugin"]
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for process groups and stores)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: A TCP port on 127.0.0.1 that was free a moment ago (process groups, stores): the Ray fixture's own helper.
+free_port = _free_port
 
 
 #: Variables that would change a child's device decision; cleared for every child.

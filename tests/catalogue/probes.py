@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -31,18 +30,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from npu_compat.testing._ray import _free_port
+
 PENDING_AFTER_S = float(os.environ.get("PROBE_PENDING_AFTER_S", "8"))
 SCHEDULE_TIMEOUT_S = 120.0  # an actor that *is* schedulable still has to import vLLM
 
 
 class Pending(Exception):
     """A Ray request that did not become ready within the bound."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ray() -> Any:
