@@ -18,7 +18,10 @@ loaded before ``site`` runs) and first asks one cheap question: can npu-compat b
 anything but a no-op here?  Only an Ascend hint (a device override that is not
 ``cpu``/``cuda``, an Ascend variable, ``/dev/davinci*``, ``torch_npu`` on the path) or
 a report directory leads on to ``npu_compat._boot``, which imports the package and
-makes the real decision.  Asked cheaply: the environment is read from ``os.environ``'s
+makes the real decision.  Even then that waits, when nothing could tell the difference,
+for the first import of a package some patch targets (or of ``npu_compat`` itself): a
+process that never imports one has nothing to patch, and one that does pays the start
+inside an import that takes seconds.  Asked cheaply: the environment is read from ``os.environ``'s
 own dict, ``/dev`` is listed once and searched as one string, and the next
 ``sitecustomize`` is looked for in the path finders' listings before any finder is made.
 Nothing is ever imported from the current directory or a relative ``sys.path`` entry:
@@ -51,11 +54,19 @@ _FALSE = ("0", "false", "no", "off")
 _NOT_NPU = ("cpu", "cuda")
 DEV_DIR = "/dev"
 _NONE = object()
+#: The top-level packages whose first import finishes a waiting start: those of
+#: npu_compat._engine.CATALOG_PACKAGES (tests/engine keeps them equal).
+_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
+#: Set, any of these needs the whole start at once: the simulation's path entry, the
+#: per-process report file, the warning for an unknown id in the disable list.
+_NOW = ("NPU_COMPAT_SIMULATE", _REPORT_DIR, "NPU_COMPAT_DISABLE")
 
 #: Every trigger that reached this interpreter, in order (``.pth``, ``sitecustomize``, ``launcher``).
 TRIGGERS: "list[str]" = []
 #: The trigger that started npu-compat here, or None (no trigger, or nothing to do).
 STARTED: "str | None" = None
+#: While the start waits (see :func:`complete`): the trigger it waits for, else None.
+PENDING: "str | None" = None
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: Where the npu_compat package is: beside this file, or two levels up from npu_compat/_bootstrap.
@@ -147,7 +158,7 @@ def from_sitecustomize(path: str, via: str) -> None:
 
 
 def _trigger(via: str) -> None:
-    global STARTED
+    global STARTED, PENDING
     if via in TRIGGERS:
         return  # CPython 3.11 processes a venv's .pth files twice
     TRIGGERS.append(via)
@@ -157,6 +168,14 @@ def _trigger(via: str) -> None:
         _forget_report()
         return
     STARTED = via
+    if _can_wait():
+        PENDING = via
+        sys.meta_path = [_WAITING, *sys.meta_path]  # a new list: see npu_compat._engine.PostImportFinder
+        return
+    _start(via)
+
+
+def _start(via: str) -> None:
     try:
         boot = sys.modules.get("npu_compat._boot")
         if boot is None:
@@ -167,6 +186,65 @@ def _trigger(via: str) -> None:
             f"npu_compat: activation at interpreter start ({via}) failed: {type(exc).__name__}: {exc}; "
             "this process runs without npu-compat\n"
         )
+
+
+def _can_wait() -> bool:
+    # Whether the start can wait for the first import of a target package: no setting that
+    # needs it now, a device override (if any) that is plainly "npu" (a bad value is named at
+    # start), and no target package or npu_compat module already imported.
+    environ = os.environ
+    for name in _NOW:
+        if environ.get(name):
+            return False
+    for name in _OVERRIDES:
+        value = (environ.get(name) or "auto").strip().lower()
+        if value != "auto":
+            if value != "npu":
+                return False
+            break
+    modules = sys.modules
+    return not any(name in modules for name in (*_PACKAGES, "npu_compat"))
+
+
+class _Waiting:
+    """The meta-path finder of a waiting start: the first import of a package in
+    :data:`_PACKAGES` finishes the start, and the finders that installed then answer
+    for that import (so the package's own post-import hooks see it)."""
+
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if fullname.partition(".")[0] not in _PACKAGES:
+            return None
+        complete()
+        for finder in _ADDED:
+            if finder in sys.meta_path:
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+
+_WAITING = _Waiting()
+_LOCK = __import__("_thread").RLock()  # _thread is loaded before site runs
+_ADDED: "list[Any]" = []  # the meta-path finders that finishing the start installed
+
+
+def complete() -> None:
+    """Finish a start that waits (:data:`PENDING`); no-op otherwise.
+
+    Called by the waiting finder and by ``import npu_compat`` (so ``report()``, ``doctor`` and
+    an explicit ``activate()`` see the start that auto-activation made).  Thread-safe: a second
+    importer waits until the first has finished it.
+    """
+    global PENDING
+    with _LOCK:
+        via = PENDING
+        if via is None:
+            return
+        PENDING = None
+        before = [f for f in sys.meta_path if f is not _WAITING]
+        sys.meta_path = before
+        _start(via)
+        _ADDED[:] = [f for f in sys.meta_path if not any(f is b for b in before)]
 
 
 def _forget_report() -> None:

@@ -84,3 +84,12 @@ def activate(
     from . import _engine
 
     return _engine.activate(device, strict=strict, specs=specs, decision=decision)
+
+
+# An activation at interpreter start that waits for the first import of a target package
+# (see _npu_compat_boot) is finished by importing the package too: report(), doctor and an
+# explicit activate() then see the process as auto-activation left it.
+_start = sys.modules.get("_npu_compat_boot")
+if _start is not None and getattr(_start, "PENDING", None) is not None:
+    _start.complete()
+del _start

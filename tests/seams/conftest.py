@@ -72,13 +72,18 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> object:
     return json.loads(lines[-1])
 
 
-#: Printed by a child: how npu-compat reached it.
+#: Printed by a child: how npu-compat reached it.  A start that waits for the first import of a
+#: target package (``waited``: its trigger) is finished first, as that import would.
 PROBE = """
 import json, os, sys
 boot = sys.modules.get("_npu_compat_boot")
+waited = getattr(boot, "PENDING", None)
+if waited is not None:
+    boot.complete()
 eng = sys.modules.get("npu_compat._engine")
 print(json.dumps({
     "pid": os.getpid(),
+    "waited": waited,
     "triggers": list(getattr(boot, "TRIGGERS", [])),
     "started": getattr(boot, "STARTED", None),
     "via": getattr(sys.modules.get("npu_compat._boot"), "VIA", None),

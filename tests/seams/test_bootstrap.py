@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import _env
+from npu_compat import _engine, _env
 
-from .conftest import BOOTSTRAP, PROBE, REPO, child_env, last_json, pth_installed, py
+from .conftest import BOOTSTRAP, PROBE, REPO, child_env, last_json, pth_installed, py, run
 
 # With the wheel installed (the nox sessions), npu_compat.pth runs before any sitecustomize.
 FIRST = ".pth" if pth_installed() else None
@@ -46,6 +46,8 @@ def test_the_pre_check_reads_the_names_of_env(boot: object) -> None:
     assert set(b._FALSE) == _env.FALSE_VALUES  # type: ignore[attr-defined]
     assert b.DEV_DIR == _env.DEV_DIR  # type: ignore[attr-defined]
     assert b._REPORT_DIR == _env.REPORT_DIR  # type: ignore[attr-defined]
+    assert b._NOW == (_env.SIMULATE, _env.REPORT_DIR, _env.DISABLE)  # type: ignore[attr-defined]
+    assert b._PACKAGES == _engine.CATALOG_PACKAGES  # type: ignore[attr-defined]
 
 
 ENVIRONMENTS = [
@@ -112,7 +114,7 @@ def test_npu_start_activates_once(where: str) -> None:
     pythonpath = [str(REPO)] if where == "sitecustomize" else [str(BOOTSTRAP)]
     out = last_json(
         py(
-            PROBE.replace("print(", "import npu_compat; again = npu_compat.activate()\nprint(", 1),
+            "import npu_compat; again = npu_compat.activate()\n" + PROBE,
             child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=pythonpath),
         )
     )
@@ -120,6 +122,107 @@ def test_npu_start_activates_once(where: str) -> None:
     assert out["via"] == out["started"]  # type: ignore[index]
     assert out["active"]  # type: ignore[index]
     assert out["finders"].count("PostImportFinder") == 1  # type: ignore[index]
+    assert "_Waiting" not in out["finders"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("where", ["sitecustomize", "launcher"])
+def test_npu_start_waits_for_the_first_import_of_a_target_package(where: str, tmp_path: Path) -> None:
+    # an empty top-level package named like a patch target: its import finishes the start, and
+    # the engine's own finder answers for that very import (the patch list is read before it runs)
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "__init__.py").write_text("")
+    pythonpath = [str(REPO)] if where == "sitecustomize" else [str(BOOTSTRAP)]
+    code = (
+        "import json, sys\n"
+        "before = sorted(m for m in sys.modules if m.startswith('npu_compat'))\n"
+        "finders = [type(f).__name__ for f in sys.meta_path]\n"
+        f"sys.path.append({str(tmp_path)!r})\n"
+        "import verl\n"
+        "eng = sys.modules.get('npu_compat._engine')\n"
+        "print(json.dumps({'before': before, 'finders': finders, 'after': [type(f).__name__ for f in sys.meta_path],"
+        " 'active': bool(eng and eng._state.active), 'read': bool(eng and eng._state.records),"
+        " 'pending': getattr(sys.modules['_npu_compat_boot'], 'PENDING', 0),"
+        " 'via': getattr(sys.modules.get('npu_compat._boot'), 'VIA', None)}))"
+    )
+    out = last_json(py(code, child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=pythonpath)))
+    assert out["before"] == []  # type: ignore[index]
+    assert out["finders"][0] == "_Waiting"  # type: ignore[index]
+    assert out["after"].count("PostImportFinder") == 1 and "_Waiting" not in out["after"]  # type: ignore[index]
+    assert out["active"] and out["read"] and out["pending"] is None  # type: ignore[index]
+    assert out["via"] == (FIRST or where)  # type: ignore[index]
+
+
+THREADS = """
+import json, sys, threading
+sys.path.insert(0, sys.argv[1])  # the stand-in packages shadow any real ones
+names = ["ray.actor", "ray.remote_function", "verl", "trinity", "vllm", "ray", "verl", "ray.actor"]
+barrier = threading.Barrier(len(names))
+errors = []
+def load(name):
+    barrier.wait()
+    try:
+        __import__(name)
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=load, args=(n,)) for n in names]
+for t in threads: t.start()
+for t in threads: t.join(60)
+import npu_compat
+rep = npu_compat.report()
+seen = [r for r in rep if r["target"].partition(":")[0] in sys.modules]
+print(json.dumps({
+    "errors": errors,
+    "seen": sorted({r["target"].partition(":")[0] for r in seen}),
+    "still_pending": [r["id"] for r in seen if r["status"] == "pending"],
+    "finders": [type(f).__name__ for f in sys.meta_path],
+}))
+"""
+
+
+def test_a_waiting_start_hooks_every_target_imported_from_eight_threads_at_once(tmp_path: Path) -> None:
+    # Eight threads race to import target packages first, so several meet the waiting finder while
+    # one of them finishes the start.  Small stand-in packages (real torch and Ray cannot be
+    # imported from threads at once even without npu-compat): every patch target among them must
+    # have been seen by the engine's post-import hook -- none left "pending".
+    for package in ("ray", "verl", "trinity", "vllm"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "ray" / "actor.py").write_text(
+        "class ActorClass:\n    def _remote(self, args=None, kwargs=None, **o): ...\n"
+    )
+    (tmp_path / "ray" / "remote_function.py").write_text(
+        "class RemoteFunction:\n    def _remote(self, args=None, kwargs=None, **o): ...\n"
+    )
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=[str(BOOTSTRAP)])
+    for _ in range(3):
+        out = last_json(run([sys.executable, str(script), str(tmp_path)], env))
+        assert out["errors"] == []  # type: ignore[index]
+        assert out["seen"] == ["ray.actor", "ray.remote_function"]  # type: ignore[index]
+        assert out["still_pending"] == []  # type: ignore[index]
+        assert out["finders"].count("PostImportFinder") == 1 and "_Waiting" not in out["finders"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        {"NPU_COMPAT_REPORT_DIR": "REPORTS"},
+        {"NPU_COMPAT_DISABLE": "no.such.patch"},
+        {"NPU_COMPAT_DEVICE": "gpu"},
+    ],
+)
+def test_a_setting_that_must_show_at_start_does_not_wait(now: dict[str, str], tmp_path: Path) -> None:
+    extra = {"NPU_COMPAT_DEVICE": "npu", **{k: v.replace("REPORTS", str(tmp_path)) for k, v in now.items()}}
+    proc = py(PROBE, child_env(extra, pythonpath=[str(BOOTSTRAP)]))
+    out = last_json(proc)
+    assert "_Waiting" not in out["finders"]  # type: ignore[index]
+    if "NPU_COMPAT_REPORT_DIR" in now:
+        assert out["active"] and list(tmp_path.glob("*.json"))  # type: ignore[index]
+    elif "NPU_COMPAT_DISABLE" in now:
+        assert out["active"] and "no.such.patch" in proc.stderr  # type: ignore[index]
+    else:
+        assert not out["active"] and "NPU_COMPAT_DEVICE" in proc.stderr  # type: ignore[index]
 
 
 def test_the_launcher_bootstrap_imports_npu_compat_from_its_own_tree_not_the_cwd(tmp_path: Path) -> None:
@@ -160,7 +263,8 @@ def test_explicit_activation_still_works_with_auto_off() -> None:
 USER_SITECUSTOMIZE = """
 import os, sys
 with open(os.environ["USER_SC_LOG"], "a") as f:
-    f.write(f"{os.getpid()} npu_compat_loaded={'npu_compat' in sys.modules}\\n")
+    started = getattr(sys.modules.get("_npu_compat_boot"), "STARTED", None) is not None
+    f.write(f"{os.getpid()} npu_compat_started={started}\\n")
 USER_SITECUSTOMIZE_RAN = True
 """
 
@@ -186,7 +290,7 @@ def test_the_users_own_sitecustomize_runs_exactly_once_after_ours(
     )
     lines = log.read_text().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0] == f"{out['pid']} npu_compat_loaded={device == 'npu'}"  # type: ignore[index]
+    assert lines[0] == f"{out['pid']} npu_compat_started={device == 'npu'}"  # type: ignore[index]
     assert out["active"] == (device == "npu")  # type: ignore[index]
 
 
@@ -230,6 +334,8 @@ import json, multiprocessing as mp, subprocess, sys
 def probe(q):
     import sys
     boot = sys.modules.get("_npu_compat_boot")
+    if getattr(boot, "PENDING", None) is not None:
+        boot.complete()  # what the first import of a target package would do
     eng = sys.modules.get("npu_compat._engine")
     q.put([getattr(boot, "STARTED", None), bool(eng and eng._state.active), "npu_compat" in sys.modules])
 
@@ -239,7 +345,9 @@ if __name__ == "__main__":
     p.start()
     spawned = q.get(timeout=60)
     p.join(30)
-    code = ("import sys, json; b = sys.modules.get('_npu_compat_boot'); e = sys.modules.get('npu_compat._engine');"
+    code = ("import sys, json; b = sys.modules.get('_npu_compat_boot');"
+            "b.complete() if getattr(b, 'PENDING', None) is not None else None;"
+            "e = sys.modules.get('npu_compat._engine');"
             "print(json.dumps([getattr(b, 'STARTED', None), bool(e and e._state.active), 'npu_compat' in sys.modules]))")
     sub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     print(json.dumps({"spawned": spawned, "sub": json.loads(sub.stdout)}))
