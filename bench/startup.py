@@ -12,6 +12,8 @@ them alike; the figure of merit is the ratio of medians against plain start-up
                        registered, no upstream target imported
 * ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's
                        bootstrap first on ``PYTHONPATH``, no Ascend evidence
+* ``boot-empty``    -- ``python -c pass`` with a directory holding an empty ``sitecustomize.py``
+                       first on ``PYTHONPATH``: the floor under any launcher bootstrap
 * ``boot-npu``      -- the same with ``NPU_COMPAT_DEVICE=npu`` (activation at interpreter start)
 * ``launcher``      -- ``python -m npu_compat python -c pass``: the launcher, then its child
 * with ``--installed`` (needs ``uv``): ``pth-noop`` / ``pth-npu`` -- ``python -c pass`` in a venv
@@ -41,7 +43,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
-CWD = tempfile.gettempdir()  # not the checkout: ``-c`` puts the working directory on sys.path
+#: An empty directory made for the run: ``-c`` puts the working directory first on sys.path, and the
+#: first import after start-up lists it -- in a crowded directory (the checkout, /tmp) that listing
+#: alone is ~1 % of a start, charged to whichever variant imports something.
+CWD = ""
 PY = os.environ.get("BENCH_PYTHON", "")  # default: a bare venv made for the run (see _bare_python)
 
 GOALS = {
@@ -113,6 +118,14 @@ def _installed_venvs(tmp: Path) -> tuple[str, str, str] | None:
     return pythons[0], pythons[1], pythons[2]
 
 
+def _empty_sitecustomize(tmp: Path) -> str:
+    path = tmp / "empty-sc"
+    path.mkdir()
+    (path / "sitecustomize.py").write_text("")
+    compileall.compile_dir(str(path), quiet=1)
+    return str(path)
+
+
 def _empty_package(tmp: Path) -> str:
     path = tmp / "empty"
     (path / "empty_package").mkdir(parents=True)
@@ -128,6 +141,7 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
         "empty-package": ([PY, "-c", "import empty_package"], _env([_empty_package(tmp)])),
         "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
         "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
+        "boot-empty": ([PY, "-c", "pass"], _env([_empty_sitecustomize(tmp)])),
         "boot-noop": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)])),
         "boot-npu": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)], NPU_COMPAT_DEVICE="npu")),
         "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
@@ -145,7 +159,7 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
 
 def _time_once(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, cwd=CWD)
+    subprocess.run(argv, env=env, check=True, cwd=CWD or None)
     return time.perf_counter() - start
 
 
@@ -169,8 +183,10 @@ def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> d
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rounds = int(args[0]) if args else 200
-    global PY
+    global PY, CWD
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
+        CWD = str(Path(tmp) / "cwd")
+        os.mkdir(CWD)
         PY = PY or _bare_python(Path(tmp))
         runs = variants(Path(tmp), "--installed" in sys.argv)
         samples = measure(rounds, runs)
