@@ -105,16 +105,25 @@ def _host_says(env: "Mapping[str, str]") -> "bool | None":
         value = env.get(name)
         if value is not None and value.strip().lower() in _FALSE:
             return False
-    for name in _OVERRIDES:  # the precedence of npu_compat._env.decide
-        raw = env.get(name)
-        if raw:
-            value = raw.strip().lower()
-            if value != "auto":
-                return value not in _NOT_NPU  # "npu", or a bad value that _env will name
+    override = _override(env)
+    if override is not None:
+        return override not in _NOT_NPU  # "npu", or a bad value that _env will name
     for name in _HINTS:
         if env.get(name):
             return True
     return _dev_says()
+
+
+def _override(env: "Mapping[str, str]") -> "str | None":
+    # The device override in force, lower-cased, or None (unset or "auto"): the first of
+    # _OVERRIDES that says anything else, the precedence of npu_compat._env.decide.
+    for name in _OVERRIDES:
+        raw = env.get(name)
+        if raw:
+            value = raw.strip().lower()
+            if value != "auto":
+                return value
+    return None
 
 
 def _dev_says() -> "bool | None":
@@ -196,12 +205,8 @@ def _can_wait() -> bool:
     for name in _NOW:
         if environ.get(name):
             return False
-    for name in _OVERRIDES:
-        value = (environ.get(name) or "auto").strip().lower()
-        if value != "auto":
-            if value != "npu":
-                return False
-            break
+    if _override(environ) not in (None, "npu"):
+        return False
     modules = sys.modules
     return not any(name in modules for name in (*_PACKAGES, "npu_compat"))
 

@@ -159,7 +159,7 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
 
 def _time_once(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, cwd=CWD or None)
+    subprocess.run(argv, env=env, check=True, cwd=CWD)  # main() makes CWD; unset, this fails loudly
     return time.perf_counter() - start
 
 
