@@ -76,6 +76,16 @@ TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 #: vLLM's allow-list of plugins; when set, it must name ``npu_compat`` for the vLLM seam to load.
 VLLM_PLUGINS = "VLLM_PLUGINS"
 
+# Ray's token authentication (not ours): read by ``doctor``, and set by the simulated Ascend's
+# NPU-only Ray cluster for itself and every client it serves.
+#: ``token``, ``disabled`` (or ``k8s``).  Unset, ``ray start --head`` turns token authentication
+#: on as soon as a token is found, while ``ray status`` and ``ray.init(address=...)`` stay disabled.
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+#: The token itself; wins over the two token files below.
+RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+#: A file holding the token; wins over Ray's default file ``~/.ray/auth_token``.
+RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+
 #: The device variables a per-process report may contain, besides ``NPU_COMPAT*``
 #: (no other environment value is ever written to a report).
 DEVICE_VARS = (

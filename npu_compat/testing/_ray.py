@@ -5,6 +5,15 @@ with ``--num-gpus=0`` and ``--resources={"NPU": n}``, under the simulated Ascend
 environment, waits (bounded) until the head answers, yields its address, and on exit
 terminates that process group only -- never ``ray stop``, which would take down every
 Ray cluster on the machine.
+
+Authentication is the cluster's own, never the user's.  A Ray with token authentication (2.60
+here) decides it per process: with ``RAY_AUTH_MODE`` unset, ``ray start --head`` turns it on as
+soon as it finds a token (``~/.ray/auth_token``, left by any earlier local ``ray.init()``), while
+``ray status`` and ``ray.init(address=...)`` stay disabled and are refused.  So the cluster
+always runs with ``RAY_AUTH_MODE=token`` and a fresh token of its own, in a file in its temporary
+directory that only this user can read, and hands the same two variables
+(:attr:`RayCluster.auth_env`) to every client through :attr:`RayCluster.env`.  The user's own
+token file is never read, written or removed.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,16 +33,36 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import _env
 from . import simulation_env
 
 
 @dataclass
 class RayCluster:
+    """A running cluster.  ``env`` is the environment of ``ray start``: give it (or at least
+    ``auth_env``) to every client -- a driver, ``ray status``, ``trinity run``."""
+
     address: str
     env: dict[str, str]
     temp_dir: Path
     log: Path
     resources: dict[str, float] = field(default_factory=dict)
+    #: The cluster's authentication setting, the same for the head and every client.
+    auth_env: dict[str, str] = field(default_factory=dict)
+
+
+def cluster_auth_env(temp_dir: Path) -> dict[str, str]:
+    """Token authentication with a fresh token of the cluster's own, written to ``temp_dir``.
+
+    The token file is created for this user only (mode 0600) and goes away with ``temp_dir``.
+    ``RAY_AUTH_TOKEN_PATH`` wins over ``~/.ray/auth_token`` in every Ray process that is given
+    it, so what the user's home directory holds no longer matters.
+    """
+    token_file = temp_dir / "auth_token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))  # Ray's own format: 256 bits, hex
+    return {_env.RAY_AUTH_MODE: "token", _env.RAY_AUTH_TOKEN_PATH: str(token_file)}
 
 
 def _free_port() -> int:
@@ -70,6 +100,9 @@ def npu_ray_cluster(
     port = _free_port()
     cluster_env = simulation_env(npus, env)
     cluster_env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    auth_env = cluster_auth_env(temp_dir)
+    cluster_env.pop(_env.RAY_AUTH_TOKEN, None)  # an inherited token would win over the cluster's file
+    cluster_env.update(auth_env)
     ray_bin = str(Path(sys.executable).with_name("ray"))
     argv = [
         *(command_prefix or []),
@@ -88,7 +121,12 @@ def npu_ray_cluster(
     try:
         _wait_for_port(port, time.monotonic() + start_timeout, proc, log)
         yield RayCluster(
-            f"127.0.0.1:{port}", cluster_env, temp_dir, log, {"NPU": float(npus), "CPU": float(cpus)}
+            f"127.0.0.1:{port}",
+            cluster_env,
+            temp_dir,
+            log,
+            {"NPU": float(npus), "CPU": float(cpus)},
+            auth_env,
         )
     finally:
         # `ray start --block` stops its cluster on SIGTERM to itself (not to its group)

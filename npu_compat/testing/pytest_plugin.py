@@ -2,16 +2,21 @@
 
 * ``ascend_env`` -- the environment of a simulated Ascend host (for subprocesses).
 * ``npu_ray_cluster`` -- one real local Ray cluster per test session advertising only
-  ``{"NPU": 2}`` (no GPU); skipped with a reason when Ray is not installed.
+  ``{"NPU": 2}`` (no GPU); skipped with a reason when Ray is not installed.  While it lives,
+  this process's environment carries the cluster's authentication setting
+  (``RayCluster.auth_env``), so ``ray.init(address=cluster.address)`` here and in every child
+  that inherits ``os.environ`` reaches it, whatever ``~/.ray`` holds.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
 
+from .. import _env
 from . import simulation_env
 
 
@@ -27,4 +32,14 @@ def npu_ray_cluster() -> Iterator[object]:
     from ._ray import npu_ray_cluster as cluster
 
     with cluster(npus=2, cpus=4) as handle:
-        yield handle
+        saved = {name: os.environ.get(name) for name in (*handle.auth_env, _env.RAY_AUTH_TOKEN)}
+        os.environ.pop(_env.RAY_AUTH_TOKEN, None)
+        os.environ.update(handle.auth_env)
+        try:
+            yield handle
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
