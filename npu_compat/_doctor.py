@@ -264,6 +264,61 @@ def check_seams(d: Diagnosis, decision: _env.Decision | None, environ: dict[str,
         )
 
 
+# -- Ray's token authentication --------------------------------------------------------------------
+
+#: The function of Ray's that turns token authentication on in ``ray start --head`` when a token
+#: exists and ``RAY_AUTH_MODE`` is unset (``ray/_private/authentication/authentication_token_setup.py``);
+#: ``ray status`` never calls it.
+_RAY_AUTO_TOKEN = "def maybe_enable_token_auth_if_token_available"
+_RAY_AUTH_SETUP = "ray/_private/authentication/authentication_token_setup.py"
+
+
+def _ray_enables_token_on_start() -> bool:
+    """Whether the installed Ray's ``ray start --head`` turns token authentication on by itself
+    (read from the installed file, not imported)."""
+    try:
+        files = metadata.files("ray")
+    except metadata.PackageNotFoundError:
+        return False
+    for f in files or ():
+        if str(f) == _RAY_AUTH_SETUP:
+            try:
+                return _RAY_AUTO_TOKEN in f.read_text(encoding="utf-8")
+            except OSError:
+                return False
+    return False
+
+
+def ray_token_source(environ: dict[str, str]) -> str | None:
+    """Where a Ray process with this environment finds a token, or None (the file is not read)."""
+    if environ.get(_env.RAY_AUTH_TOKEN):
+        return _env.RAY_AUTH_TOKEN
+    path = environ.get(_env.RAY_AUTH_TOKEN_PATH)
+    if path:
+        return path if os.path.isfile(path) else None
+    home = environ.get("HOME") or os.path.expanduser("~")
+    default = os.path.join(home, ".ray", "auth_token")
+    return "~/.ray/auth_token" if os.path.isfile(default) else None
+
+
+def check_ray_auth(d: Diagnosis, environ: dict[str, str]) -> None:
+    mode = environ.get(_env.RAY_AUTH_MODE)
+    source = ray_token_source(environ)
+    ray = _installed("ray")
+    enables = ray is not None and _ray_enables_token_on_start()
+    d.sections["ray_auth"] = {"ray": ray, "auth_mode": mode, "token": source, "start_enables_token": enables}
+    if mode is None and source is not None and enables:
+        d.add(
+            "warning",
+            f"Ray token authentication: a token exists ({source}) and {_env.RAY_AUTH_MODE} is unset, so "
+            "`ray start --head` will turn token authentication on and require the token, while `ray status` "
+            "-- which `trinity run` runs first (trinity.utils.dlc_utils.is_running) -- and "
+            "`ray.init(address=...)` will not send it: `trinity run` then stops with 'Ray is not running'. "
+            f"Fix: set the same mode on both sides, {_env.RAY_AUTH_MODE}=token for `ray start` and for "
+            f"`trinity run` (both then read the same token), or {_env.RAY_AUTH_MODE}=disabled for both",
+        )
+
+
 # -- the Ascend environment -----------------------------------------------------------------------
 
 
@@ -397,6 +452,7 @@ def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) 
     check_activation(d, decision, env)
     check_seams(d, decision, env)
     check_ascend(d, decision, env)
+    check_ray_auth(d, env)
     if reports is not None:
         check_reports(d, reports)
     d.add("note", OUT_OF_SCOPE)
@@ -427,6 +483,20 @@ def render(d: Diagnosis) -> str:
     vllm = s["vllm_plugin"]
     assert isinstance(vllm, dict)
     lines.append(f"  vLLM plugin entry point: {'registered' if vllm['registered'] else 'not registered'}")
+    auth = s["ray_auth"]
+    assert isinstance(auth, dict)
+    if auth["ray"] is None:
+        lines.append("  Ray token authentication: Ray is not installed")
+    else:
+        starts = (
+            "turns it on when a token exists"
+            if auth["start_enables_token"]
+            else "never turns it on by itself"
+        )
+        lines.append(
+            f"  Ray token authentication: {_env.RAY_AUTH_MODE} {auth['auth_mode'] or 'unset'}; "
+            f"token: {auth['token'] or 'none found'}; `ray start --head` {starts}"
+        )
     lines += ["", "Ascend environment:"]
     for c in s["ascend"]:  # type: ignore[attr-defined]
         lines.append(f"  {c['status']:7s} {c['check']}: {c['detail']}")

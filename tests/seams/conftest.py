@@ -24,6 +24,7 @@ CLEARED_PREFIXES = (
     "TRINITY_DEVICE",
     "TORCH_DEVICE_BACKEND_AUTOLOAD",
     "VLLM_PLUGINS",
+    "RAY_AUTH_",  # the simulated Ray cluster's pytest fixture sets these for its session
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -142,3 +143,62 @@ def test_a_distribution_outside_every_range_is_a_warning_not_an_error(
     d = _doctor.Diagnosis()
     _doctor.check_targets(d, (spec,), _env.Decision("cpu", "test"))
     assert [f.level for f in d.findings] == ["note"]
+
+
+def _used_home(tmp_path: Path) -> Path:
+    """A home directory holding a Ray token file, as an earlier local ``ray.init()`` leaves it."""
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0" * 64)
+    return tmp_path
+
+
+def _ray_warnings(env: dict[str, str]) -> tuple[int, list[str], dict[str, object]]:
+    proc = run([*DOCTOR, "--json"], env, check=False)
+    out = json.loads(proc.stdout)
+    messages = [f["message"] for f in out["findings"] if "Ray token authentication" in f["message"]]
+    levels = [f["level"] for f in out["findings"] if "Ray token authentication" in f["message"]]
+    assert set(levels) <= {"warning"}, levels  # never an error: a cluster started elsewhere may be fine
+    return proc.returncode, messages, out["ray_auth"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="needs the installed Ray (the stack sessions)"
+)
+def test_a_token_file_with_ray_auth_mode_unset_is_a_warning_with_the_fix(tmp_path: Path) -> None:
+    env = child_env({"HOME": str(_used_home(tmp_path))})
+    rc, messages, section = _ray_warnings(env)
+    assert rc == 0  # a warning: the exit status says nothing would break
+    assert section == {"ray": section["ray"], "auth_mode": None, "token": "~/.ray/auth_token",
+                       "start_enables_token": True}  # fmt: skip
+    assert len(messages) == 1, messages
+    for fragment in ("`ray start --head` will turn token authentication on", "`ray status`",
+                     "trinity run", "RAY_AUTH_MODE=token for `ray start` and for `trinity run`"):  # fmt: skip
+        assert fragment in messages[0], fragment
+    text = run(DOCTOR, env, check=False).stdout
+    assert "warning: Ray token authentication" in text
+    assert "`ray start --head` turns it on when a token exists" in text
+    # the token file is only looked for, never read out: the doctor's output does not hold it
+    assert "0" * 64 not in text
+    # RAY_AUTH_TOKEN_PATH and RAY_AUTH_TOKEN are tokens too
+    token_file = tmp_path / "elsewhere"
+    token_file.write_text("1" * 64)
+    for extra in ({"RAY_AUTH_TOKEN_PATH": str(token_file)}, {"RAY_AUTH_TOKEN": "1" * 64}):
+        _, messages, _ = _ray_warnings(child_env({"HOME": str(tmp_path / "empty"), **extra}))
+        assert len(messages) == 1, (extra, messages)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"RAY_AUTH_MODE": "token"},
+        {"RAY_AUTH_MODE": "disabled"},
+        {"RAY_AUTH_TOKEN_PATH": "/nonexistent/token"},
+    ],
+)
+def test_no_ray_warning_where_both_sides_agree_or_no_token_exists(
+    tmp_path: Path, extra: dict[str, str]
+) -> None:
+    _, messages, section = _ray_warnings(child_env({"HOME": str(_used_home(tmp_path)), **extra}))
+    assert messages == [], messages
+    _, messages, _ = _ray_warnings(child_env({"HOME": str(tmp_path / "empty")}))
+    assert messages == [] and section["auth_mode"] == extra.get("RAY_AUTH_MODE")
