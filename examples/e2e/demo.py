@@ -216,8 +216,29 @@ def side_by_side(stock: dict[str, object], compat: dict[str, object], out: Path)
     return lines
 
 
-def doctor(reports: Path) -> tuple[int, list[str]]:
-    cmd = [sys.executable, "-m", "npu_compat", "doctor", "--reports", str(reports)]
+#: Stages a run reaches before anything device-related has run: up to here stock and npu-compat
+#: are the same program but for Trinity's count of the accelerators.
+BEFORE_DEVICE = {"npus_counted", "config_validated"}
+
+
+def environment_failure(stock: dict[str, object], compat: dict[str, object]) -> str | None:
+    """The error both runs stopped on, when they stopped the same way before anything device-related.
+
+    Both drivers exited by themselves (no compute boundary, not stuck at a placement group) with the
+    same first error, and neither got past config validation: what stopped them is the machine they
+    ran on, not the device and not npu-compat.
+    """
+    runs = (stock, compat)
+    if any(r.get("rc") in ("stuck", "timeout") or r.get("boundaries") for r in runs):
+        return None
+    if any(not set(_stages(r)) <= BEFORE_DEVICE for r in runs):
+        return None
+    error = stock.get("first_error")
+    return str(error) if error and error == compat.get("first_error") else None
+
+
+def doctor(reports: Path | None = None) -> tuple[int, list[str]]:
+    cmd = [sys.executable, "-m", "npu_compat", "doctor", *(["--reports", str(reports)] if reports else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_COMPAT")}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
     return done.returncode, (done.stdout + done.stderr).rstrip().splitlines()
@@ -297,7 +318,19 @@ def main(argv: list[str] | None = None) -> int:
         start = next((i for i, line in enumerate(table) if line.startswith("processes (")), 0)
         for line in table[start:]:
             print(f"  {line}" if line else "")
-        if len(_stages(compat)) <= len(_stages(stock)):
+        cause = environment_failure(stock, compat)
+        if cause:
+            print(
+                "\nboth runs stopped the same way before anything device-related ran:\n"
+                f"  {cause[:300]}\n"
+                "the cause is this machine's environment, not the device and not npu-compat. "
+                "`python -m npu_compat doctor` on this machine says:"
+            )
+            _, found = doctor()
+            for line in [line for line in found if line.startswith(("error:", "warning:"))] or ["  nothing"]:
+                print(f"  {line}")
+            status = 1
+        elif len(_stages(compat)) <= len(_stages(stock)):
             print("\nnpu-compat did not get further than stock: see the logs (--keep DIR)")
             status = 1
         clock.say("done")
