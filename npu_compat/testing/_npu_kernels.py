@@ -33,6 +33,7 @@ dropout (``keep_prob`` < 1: the Philox mask of the device cannot be reproduced),
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,9 +89,19 @@ def _from_bnsd(x: torch.Tensor, layout: str) -> torch.Tensor:
     return bsh if layout == "BSH" else bsh.transpose(0, 1)
 
 
+#: Compressed masks already checked: id -> (a weak reference to the mask, its version counter).
+#: Callers build the mask once and pass it to every layer (transformers caches it per device);
+#: checking 4M elements each call would cost more than the attention itself.
+_CHECKED_MASKS: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+
 def _check_compressed_mask(mask: torch.Tensor, sparse_mode: int) -> None:
     """Sparse modes 2, 3 and 4 take the optimized 2048x2048 upper-triangular mask (True above the
     diagonal) and derive the real mask from it; anything else would compute wrong on the NPU."""
+    version = mask._version
+    checked = _CHECKED_MASKS.get(id(mask))
+    if checked is not None and checked[1] == version and checked[0]() is mask:
+        return
     side = _COMPRESSED_MASK
     if tuple(mask.shape) != (side, side):
         raise ValueError(
@@ -103,6 +114,10 @@ def _check_compressed_mask(mask: torch.Tensor, sparse_mode: int) -> None:
             f"npu_fusion_attention: sparse_mode={sparse_mode} takes torch.triu(ones(2048, 2048), 1) "
             "as atten_mask (True = masked out); the mask given differs from it"
         )
+    for key, (ref, _) in list(_CHECKED_MASKS.items()):
+        if ref() is None:
+            del _CHECKED_MASKS[key]
+    _CHECKED_MASKS[id(mask)] = (weakref.ref(mask), version)
 
 
 def _band(sq: int, skv: int, pre: int, nxt: int, shift: int, device: torch.device) -> torch.Tensor:

@@ -243,6 +243,12 @@ def test_fusion_attention_what_it_does_not_compute_is_named() -> None:
         npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=torch.ones(4, 4).triu(1).bool(), sparse_mode=3)
     with pytest.raises(ValueError, match="differs"):
         npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=~CAUSAL_2048, sparse_mode=2)
+    # a mask checked once is not checked again, unless it changed in place
+    mask = CAUSAL_2048.clone()
+    npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=mask, sparse_mode=2)
+    mask[0, 1] = False
+    with pytest.raises(ValueError, match="differs"):
+        npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=mask, sparse_mode=2)
 
 
 # --------------------------------------------------------------------------- rms_norm, rotary, swiglu, cross entropy
