@@ -28,7 +28,7 @@ import torch
 from .. import _env
 from ._boundary import SimulatedComputeBoundary, needs_npu
 
-__all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "install", "npu"]
+__all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "counted", "install", "npu"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +52,19 @@ def _record(fn: F) -> F:
     return recorded  # type: ignore[return-value]
 
 
+def counted(what: str, fn: F) -> F:
+    """``fn`` that counts its calls under ``what`` (read with :func:`call_count`), without keeping
+    the arguments (a kernel's are tensors; :data:`CALLS` would hold them for the process's life)."""
+
+    @functools.wraps(fn)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            _COUNTS[what] += 1
+        return fn(*args, **kwargs)
+
+    return counting  # type: ignore[return-value]
+
+
 def compute_boundary(what: str) -> Callable[..., Any]:
     """A stand-in for a torch_npu kernel: importable, and the compute boundary when called."""
 
@@ -64,6 +77,8 @@ def compute_boundary(what: str) -> Callable[..., Any]:
 
 
 def call_count(name: str) -> int:
+    """How often ``name`` was called: a ``torch.npu`` function (``"synchronize"``) or a computed
+    ``torch_npu`` kernel (``"torch_npu.npu_fusion_attention"``)."""
     return _COUNTS[name]
 
 

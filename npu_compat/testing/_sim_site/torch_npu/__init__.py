@@ -25,10 +25,16 @@ __all__ = ["SIMULATED", "__version__", "npu", "optim", "profiler"]
 
 
 def __getattr__(name: str) -> object:
-    """``torch_npu.npu_*`` fused kernels: importable (transformers and vLLM import them when
-    torch_npu is present), but calling one is the compute boundary of the simulation."""
+    """``torch_npu.npu_*`` fused kernels: importable (transformers, verl and vLLM import them when
+    torch_npu is present).  Those that ``npu_compat.testing._npu_kernels`` computes in plain torch
+    are served from there, their calls counted (``torch.npu.call_count("torch_npu.<name>")``);
+    calling any other is the compute boundary of the simulation."""
     if name.startswith("npu_"):
-        from npu_compat.testing._torch_sim import compute_boundary
+        from npu_compat.testing._npu_kernels import KERNELS
+        from npu_compat.testing._torch_sim import compute_boundary, counted
 
-        return compute_boundary(f"torch_npu.{name}")
+        what = f"torch_npu.{name}"
+        kernel = counted(what, KERNELS[name]) if name in KERNELS else compute_boundary(what)
+        globals()[name] = kernel  # one object per name, as attributes of a real module
+        return kernel
     raise AttributeError(f"module 'torch_npu' (simulated) has no attribute {name!r}")
