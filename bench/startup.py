@@ -12,10 +12,11 @@ measured in the same run -- the same start with an empty stand-in where npu-comp
                        ``PYTHONPATH``, the floor under any ``import X; X.activate()``
 * ``npu-register``  -- the same with ``NPU_COMPAT_DEVICE=npu``: every post-import hook
                        registered, no upstream target imported
-* ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's
-                       bootstrap first on ``PYTHONPATH``, no Ascend evidence
+* ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's site
+                       directory (``npu_compat/_launcher_site``) first on ``PYTHONPATH``, no
+                       Ascend evidence
 * ``boot-empty``    -- ``python -c pass`` with a directory holding an empty ``sitecustomize.py``
-                       first on ``PYTHONPATH``: the floor under any launcher bootstrap
+                       first on ``PYTHONPATH``: the floor under any launcher site directory
 * ``boot-npu``      -- the same with ``NPU_COMPAT_DEVICE=npu`` (activation at interpreter start)
 * ``launcher``      -- ``python -m npu_compat python -c pass``: the launcher, then its child
 * with ``--installed`` (needs ``uv``): ``pth-noop`` / ``pth-npu`` -- ``python -c pass`` in a venv
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
+LAUNCHER_SITE = REPO / "npu_compat" / "_launcher_site"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
 #: An empty directory made for the run: ``-c`` puts the working directory first on sys.path, and the
 #: first import after start-up lists it -- in a crowded directory (the checkout, /tmp) that listing
@@ -165,8 +166,8 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
         "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
         "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
         "boot-empty": ([PY, "-c", "pass"], _env([_empty_sitecustomize(tmp)])),
-        "boot-noop": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)])),
-        "boot-npu": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)], NPU_COMPAT_DEVICE="npu")),
+        "boot-noop": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)])),
+        "boot-npu": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)], NPU_COMPAT_DEVICE="npu")),
         "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
     }
     if installed:
@@ -189,8 +190,8 @@ def _time_once(argv: list[str], env: dict[str, str]) -> float:
 def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, list[float]]:
     # Installed packages carry compiled bytecode; a checkout may not (PYTHONDONTWRITEBYTECODE).
     compileall.compile_dir(str(REPO / "npu_compat"), quiet=1)
-    compileall.compile_file(str(REPO / "_npu_compat_boot.py"), quiet=1)
-    compileall.compile_file(str(BOOTSTRAP / "sitecustomize.py"), quiet=1)
+    compileall.compile_file(str(REPO / "_npu_compat_precheck.py"), quiet=1)
+    compileall.compile_file(str(LAUNCHER_SITE / "sitecustomize.py"), quiet=1)
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for argv, env in runs.values():  # warm the page cache
         _time_once(argv, env)
