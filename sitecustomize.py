@@ -8,15 +8,15 @@ one on ``sys.path`` -- exactly once.  Installed, ``npu_compat.pth`` has already 
 
 import sys
 
-_boot = sys.modules.get("_npu_compat_precheck")
-if _boot is None:  # no .pth ran: a checkout on PYTHONPATH, or an editable install
+_precheck = sys.modules.get("_npu_compat_precheck")
+if _precheck is None:  # no .pth ran: a checkout on PYTHONPATH, or an editable install
     import os
 
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, _here)  # this file's own directory, never a relative entry
     try:
-        import _npu_compat_precheck as _boot
+        import _npu_compat_precheck as _precheck
     finally:
         if sys.path and sys.path[0] == _here:
             del sys.path[0]
-_boot.from_sitecustomize(__file__, "sitecustomize")  # type: ignore[union-attr]
+_precheck.from_sitecustomize(__file__, "sitecustomize")  # type: ignore[union-attr]

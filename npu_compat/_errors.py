@@ -1,8 +1,6 @@
 """The exception and warning types of npu-compat (one warning category for the package),
 and :func:`warn`, the one way it warns."""
 
-from __future__ import annotations
-
 
 class NpuCompatWarning(UserWarning):
     """A patch was skipped or failed in a way the user should know about."""
