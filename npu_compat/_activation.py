@@ -1,24 +1,11 @@
-"""Activation: ``activate()``, ``deactivate()``, ``report()``, the process's state, and the
-meta-path finder that watches target modules.
+"""Activation: ``activate()``, ``deactivate()``, ``report()``, the process's state (one
+:class:`_State`, one re-entrant lock) and the meta-path finder that watches target modules.
 
-State lives in one module-level :class:`_State` guarded by one re-entrant lock, so
-``activate()``, ``deactivate()`` and post-import hooks firing from several threads
-apply each patch exactly once.  The rest of the engine is handed that state and never
-imports this module; this one loads each part when it is needed:
-
-* on any device decision but ``npu`` nothing is registered and nothing is imported beyond
-  npu-compat's own small start-up modules (the package's ``activate()`` does not even load
-  this one);
-* on ``npu`` this module is all that activation loads: it installs a
-  :class:`PostImportFinder` that waits for the first import of a package some patch
-  targets (:data:`CATALOG_PACKAGES`).  That import -- before the package runs -- or the
-  first :func:`report` reads the patch list (:mod:`._register`); so does activation itself
-  when something could tell the difference (a target package already imported,
-  ``NPU_COMPAT_DISABLE`` set, logging loaded);
-* a watched module, once imported, is patched by :mod:`._apply` (through the post-import
-  hook of :mod:`._importhook`); :func:`deactivate` undoes it all with :mod:`._undo`, and
-  :func:`report` is built by :mod:`._report`.
-
+On ``npu`` this is the one engine module activation loads: its :class:`PostImportFinder`
+waits for the first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
+which -- before that package runs -- or the first ``report()`` reads the patch list
+(:mod:`._register`).  The other parts are loaded when needed and handed the state; none
+imports this module.  The README's "How the engine works" follows one patch through them.
 Every byte here is unmarshalled by every activated process: keep it small.
 """
 
@@ -48,10 +35,8 @@ CATALOG_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
 class PostImportFinder:
     """The meta-path finder; one per activation, removed again by :meth:`uninstall`.
 
-    It answers only for the modules in ``names`` (their loader wrapped by
-    :func:`._importhook.wrap_spec`, so that :func:`._apply.on_import` runs once each has
-    executed), and, while the patch list waits, for the first import of a module in
-    ``packages`` (the patch list is then read, before that module runs).
+    It answers only for the modules in ``names`` (see :func:`._importhook.wrap_spec`), and,
+    while the patch list waits, for the first import of a module in ``packages``.
     """
 
     def __init__(self, names: "Iterable[str]", packages: "Iterable[str]" = ()) -> None:
@@ -123,7 +108,6 @@ class _State:
         self.specs: tuple[PatchSpec, ...] | None = None
 
     def notify(self) -> None:
-        """Tell every listener in :data:`LISTENERS` that a patch status may have changed."""
         for listener in list(LISTENERS):
             try:
                 listener()
@@ -146,15 +130,6 @@ def _can_wait(packages: "frozenset[str]") -> bool:
     return not any(name in modules for name in packages)
 
 
-def _packages(specs: "Sequence[PatchSpec]") -> "frozenset[str]":
-    """The top-level packages of every module ``specs`` patch or repoint a copy in."""
-    names = set()
-    for spec in specs:
-        names.add(spec.module.partition(".")[0])
-        names.update(module.partition(".")[0] for module, _ in spec.copy_places())
-    return frozenset(names)
-
-
 # -- public entry points (re-exported by npu_compat) ------------------------------------
 
 
@@ -169,9 +144,7 @@ def activate(
 
     Only on ``"npu"`` is anything registered: post-import hooks for every patch target,
     and patches applied at once to targets already imported.  Idempotent and
-    thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions): checked,
-    and still left waiting for the first import of one of their packages when none is
-    imported yet.
+    thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions).
     """
     state = _state
     with state.lock:
@@ -194,10 +167,9 @@ def activate(
             chosen = None if specs is None else tuple(specs)
             packages = CATALOG_PACKAGES
             if chosen is not None:
-                ids = [spec.id for spec in chosen]
-                if len(set(ids)) != len(ids):
-                    raise ValueError(f"duplicate patch ids in {ids}")
-                packages = _packages(chosen)
+                from ._register import packages_of
+
+                packages = packages_of(chosen)
             state.finder = PostImportFinder((), packages)
             if _can_wait(packages):
                 # the usual start: nothing of the patch list is read until a target package is imported

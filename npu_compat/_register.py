@@ -34,6 +34,19 @@ def catalog() -> "tuple[PatchSpec, ...]":
     return SPECS
 
 
+def packages_of(specs: "Sequence[PatchSpec]") -> "frozenset[str]":
+    """The top-level packages of every module ``specs`` patch or repoint a copy in (the ones an
+    activation with these specs waits for).  Raises ValueError for duplicate patch ids."""
+    ids = [spec.id for spec in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate patch ids in {ids}")
+    names = set()
+    for spec in specs:
+        names.add(spec.module.partition(".")[0])
+        names.update(module.partition(".")[0] for module, _ in spec.copy_places())
+    return frozenset(names)
+
+
 def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
     raw = os.environ.get(_env.DISABLE, "")
     wanted = {part.strip() for part in raw.split(",") if part.strip()}
