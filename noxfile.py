@@ -51,7 +51,7 @@ def lint(session: nox.Session) -> None:
     """ruff and mypy (strict) on the package."""
     session.install("ruff==0.17.6", "mypy==2.4.1", "wrapt>=2.4,<3", "packaging", "pytest>=8")
     paths = ["npu_compat", "tests", "bench", "examples", "noxfile.py"]
-    paths += ["_npu_compat_boot.py", "sitecustomize.py", "setup.py"]  # the bootstrap at the wheel's root
+    paths += ["_npu_compat_precheck.py", "sitecustomize.py", "setup.py"]  # the pre-check at the wheel's root
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
     session.run("mypy")

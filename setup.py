@@ -34,7 +34,7 @@ class EditableWheelWithPth(editable_wheel):
     plus whatever sits in its unpacked directory, not from ``build_py``'s outputs.  The
     unpacked directory is where setuptools also writes namespace ``.pth`` files; ours goes
     beside them.  It sorts after setuptools' ``__editable__.*.pth``, so the finder that maps
-    ``_npu_compat_boot`` to the source tree is installed before our line imports it.  If a
+    ``_npu_compat_precheck`` to the source tree is installed before our line imports it.  If a
     setuptools release renames the hook, editable installs lose only this file (and
     ``doctor`` says auto-activation is not effective).
     """

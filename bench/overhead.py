@@ -80,7 +80,8 @@ def main() -> None:
     import bench_patched
     import bench_plain
 
-    import npu_compat._engine as engine
+    from npu_compat._apply import build
+    from npu_compat._ledger import Record
 
     print("1. per-call cost of a patched callable (real wrappers, as the engine installs them)")
     import wrapt
@@ -93,16 +94,16 @@ def main() -> None:
     for label, wrapper, call in WRAPPERS:
         spec = PatchSpec("bench.one", "bench_plain:noop", distribution="torch", versions=">=2",
                          wrapper="npu_compat.patches." + wrapper, why="bench")  # fmt: skip
-        record = engine._Record(spec)
+        record = Record(spec)
         record.live = True
         if "Remote" in label:  # a method: the patch sits in the class, the call goes through an instance
             plain_cls = bench_plain.Remote
-            shim = engine._build(record, plain_cls._remote, method=True)
+            shim = build(record, plain_cls._remote, method=True)
             patched_cls = type("Remote", (), {"_remote": shim})
             target, wrapped = plain_cls()._remote, patched_cls()._remote
         else:
             target = bench_plain.noop
-            wrapped = engine._build(record, target)
+            wrapped = build(record, target)
         n = 20000
         plain = min(timeit.repeat(call, globals={"f": target}, number=n, repeat=7)) / n
         patched = min(timeit.repeat(call, globals={"f": wrapped}, number=n, repeat=7)) / n

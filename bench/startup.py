@@ -1,8 +1,10 @@
 """Interpreter start-up cost of npu-compat, measured side by side in one run.
 
 Variants, run interleaved (round-robin, shuffled each round) so machine noise hits
-them alike; the figure of merit is the ratio of medians against plain start-up
-(``python -c pass`` with nothing of npu-compat on the path):
+them alike; the figure of merit is each variant's ratio of medians against its own floor
+measured in the same run -- the same start with an empty stand-in where npu-compat would be
+(``noop`` and ``npu-register`` against ``empty-package``, ``boot-*`` against ``boot-empty``,
+``pth-*`` against ``pth-empty``).  Floors are printed against plain ``python -c pass``:
 
 * ``noop``          -- ``import npu_compat; npu_compat.activate()`` on a host with no Ascend
                        evidence (explicit activation, the path every CUDA/CPU user takes)
@@ -10,10 +12,11 @@ them alike; the figure of merit is the ratio of medians against plain start-up
                        ``PYTHONPATH``, the floor under any ``import X; X.activate()``
 * ``npu-register``  -- the same with ``NPU_COMPAT_DEVICE=npu``: every post-import hook
                        registered, no upstream target imported
-* ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's
-                       bootstrap first on ``PYTHONPATH``, no Ascend evidence
+* ``boot-noop``     -- a child of the launcher: ``python -c pass`` with the launcher's site
+                       directory (``npu_compat/_launcher_site``) first on ``PYTHONPATH``, no
+                       Ascend evidence
 * ``boot-empty``    -- ``python -c pass`` with a directory holding an empty ``sitecustomize.py``
-                       first on ``PYTHONPATH``: the floor under any launcher bootstrap
+                       first on ``PYTHONPATH``: the floor under any launcher site directory
 * ``boot-npu``      -- the same with ``NPU_COMPAT_DEVICE=npu`` (activation at interpreter start)
 * ``launcher``      -- ``python -m npu_compat python -c pass``: the launcher, then its child
 * with ``--installed`` (needs ``uv``): ``pth-noop`` / ``pth-npu`` -- ``python -c pass`` in a venv
@@ -21,10 +24,11 @@ them alike; the figure of merit is the ratio of medians against plain start-up
   the same interpreter in a venv without it; ``pth-empty``, a venv whose one ``.pth`` imports an
   empty module, is the floor under any ``.pth`` activation
 
-Goals: noop, boot-noop, pth-noop <= 1.02x; npu-register, boot-npu, pth-npu <= 1.05x;
-launcher <= 2.5x.  Run: ``python bench/startup.py [rounds] [--installed]``; the interpreter is
-a bare venv of the one running the script (``BENCH_PYTHON`` names another).  For the Ray
-actor start-up, see ``bench/ray_actor.py``.
+Goals, against the floor: noop, boot-noop, pth-noop <= 1.03x; npu-register, boot-npu,
+pth-npu <= 1.06x; launcher <= 2.5x of plain.  Run:
+``python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...]`` (``--help``); the
+interpreter is a bare venv of the one running the script (``BENCH_PYTHON`` names another).  For
+the Ray actor start-up, see ``bench/ray_actor.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
+LAUNCHER_SITE = REPO / "npu_compat" / "_launcher_site"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
 #: An empty directory made for the run: ``-c`` puts the working directory first on sys.path, and the
 #: first import after start-up lists it -- in a crowded directory (the checkout, /tmp) that listing
@@ -49,15 +53,35 @@ ACTIVATE = "import npu_compat; npu_compat.activate()"
 CWD = ""
 PY = os.environ.get("BENCH_PYTHON", "")  # default: a bare venv made for the run (see _bare_python)
 
-GOALS = {
-    "noop": 1.02,
-    "npu-register": 1.05,
-    "boot-noop": 1.02,
-    "boot-npu": 1.05,
-    "launcher": 2.5,
-    "pth-noop": 1.02,
-    "pth-npu": 1.05,
+#: Each variant's floor: the same interpreter start with an empty stand-in for npu-compat.
+FLOORS = {
+    "empty-package": "plain",
+    "boot-empty": "plain",
+    "pth-empty": "pth-plain",
+    "noop": "empty-package",
+    "npu-register": "empty-package",
+    "boot-noop": "boot-empty",
+    "boot-npu": "boot-empty",
+    "pth-noop": "pth-empty",
+    "pth-npu": "pth-empty",
+    "launcher": "plain",
 }
+#: The goal for each variant, as a ratio of medians against its floor.
+GOALS = {
+    "noop": 1.03,
+    "boot-noop": 1.03,
+    "pth-noop": 1.03,
+    "npu-register": 1.06,
+    "boot-npu": 1.06,
+    "pth-npu": 1.06,
+    "launcher": 2.5,
+}
+USAGE = """usage: python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...]
+
+  ROUNDS       interleaved rounds (default 200)
+  --installed  also the installed variants (pth-*; needs uv)
+  --only       run only these variants (their floors are added): {names}
+"""
 
 
 def _env(pythonpath: list[str], **extra: str) -> dict[str, str]:
@@ -142,8 +166,8 @@ def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str,
         "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
         "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
         "boot-empty": ([PY, "-c", "pass"], _env([_empty_sitecustomize(tmp)])),
-        "boot-noop": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)])),
-        "boot-npu": ([PY, "-c", "pass"], _env([str(BOOTSTRAP)], NPU_COMPAT_DEVICE="npu")),
+        "boot-noop": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)])),
+        "boot-npu": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)], NPU_COMPAT_DEVICE="npu")),
         "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
     }
     if installed:
@@ -166,8 +190,8 @@ def _time_once(argv: list[str], env: dict[str, str]) -> float:
 def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, list[float]]:
     # Installed packages carry compiled bytecode; a checkout may not (PYTHONDONTWRITEBYTECODE).
     compileall.compile_dir(str(REPO / "npu_compat"), quiet=1)
-    compileall.compile_file(str(REPO / "_npu_compat_boot.py"), quiet=1)
-    compileall.compile_file(str(BOOTSTRAP / "sitecustomize.py"), quiet=1)
+    compileall.compile_file(str(REPO / "_npu_compat_precheck.py"), quiet=1)
+    compileall.compile_file(str(LAUNCHER_SITE / "sitecustomize.py"), quiet=1)
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for argv, env in runs.values():  # warm the page cache
         _time_once(argv, env)
@@ -180,25 +204,59 @@ def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> d
     return samples
 
 
+def _selected(only: str | None) -> set[str] | None:
+    """The variants ``--only`` names, with the floors they are measured against (None: all)."""
+    if only is None:
+        return None
+    wanted = {name.strip() for name in only.split(",") if name.strip()}
+    unknown = wanted - set(FLOORS) - {"plain", "pth-plain"}
+    if unknown:
+        sys.exit(f"unknown variant(s) {', '.join(sorted(unknown))}; known: {', '.join(FLOORS)}")
+    chosen = set(wanted)
+    while True:
+        more = {FLOORS[name] for name in chosen if name in FLOORS} - chosen
+        if not more:
+            return chosen
+        chosen |= more
+
+
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    if "-h" in argv or "--help" in argv:
+        print(USAGE.format(names=", ".join(FLOORS)), end="")
+        return
+    only = None
+    if "--only" in argv:
+        at = argv.index("--only")
+        if at + 1 >= len(argv):
+            sys.exit("--only needs a list of variant names")
+        only = argv[at + 1]
+        del argv[at : at + 2]
+    args = [a for a in argv if not a.startswith("--")]
     rounds = int(args[0]) if args else 200
+    chosen = _selected(only)
+    installed = "--installed" in argv or any(name.startswith("pth-") for name in chosen or ())
     global PY, CWD
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
         CWD = str(Path(tmp) / "cwd")
         os.mkdir(CWD)
         PY = PY or _bare_python(Path(tmp))
-        runs = variants(Path(tmp), "--installed" in sys.argv)
+        runs = variants(Path(tmp), installed)
+        if chosen is not None:
+            runs = {name: run for name, run in runs.items() if name in chosen}
         samples = measure(rounds, runs)
     print(f"interpreter start-up, {rounds} interleaved rounds, median wall time per start ({PY})")
     for name, values in samples.items():
-        base_name = "pth-plain" if name.startswith("pth-") else "plain"
-        base = statistics.median(samples[base_name])
+        floor = FLOORS.get(name)
         med = statistics.median(values)
+        if floor is None or floor not in samples:
+            print(f"  {name:13s} {med * 1e3:7.2f} ms")
+            continue
+        base = statistics.median(samples[floor])
         goal = GOALS.get(name)
         verdict = "" if goal is None else f"  goal <= {goal:.2f}x {'met' if med / base <= goal else 'MISSED'}"
         print(
-            f"  {name:13s} {med * 1e3:7.2f} ms   ratio {med / base:5.3f} vs {base_name:9s}"
+            f"  {name:13s} {med * 1e3:7.2f} ms   ratio {med / base:5.3f} vs {floor:13s}"
             f" (+{(med - base) * 1e3:5.2f} ms){verdict}"
         )
 

@@ -9,7 +9,7 @@ Public API::
     npu_compat.get_original(obj)
 
 Importing this package, and activating it anywhere but on an Ascend host, imports
-only its own start-up module (``_env``).  The engine, wrapt and
+only its own start-up module (``_env``).  The engine (see :mod:`._activation`), wrapt and
 packaging are loaded on the NPU path only, and upstream packages are patched when
 (and only if) they are imported.
 """
@@ -22,9 +22,9 @@ TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ._engine import deactivate, get_original, is_patched, report
+    from ._activation import deactivate, get_original, is_patched, report
     from ._errors import ConfigError, NpuCompatWarning, PatchError
-    from ._hooks import Report as Report
+    from ._report import Report as Report
     from ._spec import PatchSpec
 
 __all__ = [
@@ -41,11 +41,11 @@ __all__ = [
 ]
 
 _LAZY = {
-    "deactivate": "_engine",
-    "report": "_engine",
-    "is_patched": "_engine",
-    "get_original": "_engine",
-    "Report": "_hooks",
+    "deactivate": "_activation",
+    "report": "_activation",
+    "is_patched": "_activation",
+    "get_original": "_activation",
+    "Report": "_report",
     "ConfigError": "_errors",
     "NpuCompatWarning": "_errors",
     "PatchError": "_errors",
@@ -75,21 +75,21 @@ def activate(
     from . import _env
 
     decision = None
-    if "npu_compat._engine" not in sys.modules:
+    if "npu_compat._activation" not in sys.modules:
         decision = _env.decide(device)
         if not decision.is_npu:
             # The no-op path: record the decision for report() and load nothing else.
             _env.LAST = decision
             return decision.device
-    from . import _engine
+    from . import _activation
 
-    return _engine.activate(device, strict=strict, specs=specs, decision=decision)
+    return _activation.activate(device, strict=strict, specs=specs, decision=decision)
 
 
 # An activation at interpreter start that waits for the first import of a target package
-# (see _npu_compat_boot) is finished by importing the package too: report(), doctor and an
+# (see _npu_compat_precheck) is finished by importing the package too: report(), doctor and an
 # explicit activate() then see the process as auto-activation left it.
-_start = sys.modules.get("_npu_compat_boot")
+_start = sys.modules.get("_npu_compat_precheck")
 if _start is not None and getattr(_start, "PENDING", None) is not None:
     _start.complete()
 del _start

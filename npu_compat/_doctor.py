@@ -75,7 +75,7 @@ def _installed(distribution: str) -> str | None:
 
 
 def _in_range(installed: str, versions: str) -> bool:
-    from ._engine import version_in_range
+    from ._versions import version_in_range
 
     return version_in_range(installed, versions)
 
@@ -195,12 +195,12 @@ def _same(a: str, b: str) -> bool:
 
 
 def check_activation(d: Diagnosis, decision: _env.Decision | None, environ: dict[str, str]) -> None:
-    boot = sys.modules.get("_npu_compat_boot")
+    boot = sys.modules.get("_npu_compat_precheck")
     triggers: list[str] = list(getattr(boot, "TRIGGERS", []))
     started = getattr(boot, "STARTED", None)
     pth = [os.path.join(s, "npu_compat.pth") for s in _site_dirs()]
     pth_found = [p for p in pth if os.path.isfile(p)]
-    from ._launcher import BOOTSTRAP
+    from ._launcher import SITE_DIR as BOOTSTRAP
 
     ours_on_path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if _same(p, BOOTSTRAP)]
     sc = sys.modules.get("sitecustomize")

@@ -54,7 +54,7 @@ SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
 #: and the vLLM plugin still activate.  For code that calls ``activate()`` itself
 #: with its own arguments.  The launcher drops it from its command's environment.
-#: ``_npu_compat_boot`` reads this name (and the others its pre-check needs) as
+#: ``_npu_compat_precheck`` reads this name (and the others its pre-check needs) as
 #: literals, to stay import-free; a test keeps them equal to the names here.
 AUTO = "NPU_COMPAT_AUTO"
 

@@ -1,6 +1,5 @@
-"""The exception and warning types of npu-compat (one warning category for the package)."""
-
-from __future__ import annotations
+"""The exception and warning types of npu-compat (one warning category for the package),
+and :func:`warn`, the one way it warns."""
 
 
 class NpuCompatWarning(UserWarning):
@@ -13,3 +12,10 @@ class PatchError(RuntimeError):
 
 class ConfigError(ValueError):
     """An ``NPU_COMPAT_*`` setting has a value npu-compat does not understand."""
+
+
+def warn(message: str) -> None:
+    """An :class:`NpuCompatWarning` attributed to the caller of npu-compat's caller."""
+    import warnings  # not loaded at start-up in a plain venv
+
+    warnings.warn(message, NpuCompatWarning, stacklevel=3)

@@ -6,9 +6,10 @@ command itself, its subprocesses and ``multiprocessing`` children, and for
 the command's site-packages:
 
 * the settings are exported as ``NPU_COMPAT_*`` variables (``NPU_COMPAT_AUTO`` is dropped);
-* ``npu_compat/_bootstrap`` (a directory holding only a ``sitecustomize``) goes first on
-  ``PYTHONPATH``, followed by the directory npu-compat is imported from when that is not
-  a site directory (a checkout);
+* the launcher's site directory, ``npu_compat/_launcher_site`` (holding only a
+  ``sitecustomize``: the pre-check, ``_npu_compat_precheck``), goes first on
+  ``PYTHONPATH``, followed by the directory npu-compat is imported from when that is
+  not a site directory (a checkout);
 * the launcher then replaces itself with COMMAND (``os.execvpe``: same PID, no shell), so
   signals, stdin/stdout/stderr and the exit code are the command's own.
 
@@ -37,7 +38,8 @@ options:
   -h, --help        show this message
 """
 
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+#: The launcher's site directory: first on the command's ``PYTHONPATH``.
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher_site")
 
 
 class UsageError(Exception):
@@ -114,7 +116,7 @@ def command_env(options: "Options", environ: "dict[str, str] | None" = None) -> 
     if options.report_dir is not None:
         env[_env.REPORT_DIR] = options.report_dir
     env.pop(_env.AUTO, None)
-    first = [BOOTSTRAP]
+    first = [SITE_DIR]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not _is_site_dir(root):
         first.append(root)  # a checkout: the command's interpreters must find npu_compat here too

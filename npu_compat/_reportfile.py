@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 SCHEMA = 1
 
 _attached = False
+_activated_by: "str | None" = None
 _last: "str | None" = None
 _role: "str | None" = None
 _actor_class: "str | None" = None
@@ -34,10 +35,17 @@ def attach() -> None:
     """Write this process's report now and again whenever a patch status changes.  Idempotent."""
     global _attached
     _attached = True
-    engine = sys.modules.get("npu_compat._engine")
-    if engine is not None and write not in engine.LISTENERS:
-        engine.LISTENERS.append(write)
+    activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
+    if activation is not None and write not in activation.LISTENERS:
+        activation.LISTENERS.append(write)
     write()
+
+
+def set_activated_by(via: str) -> None:
+    """Name how this process was activated (``.pth``, ``launcher``, ``ray-setup-hook``…), before
+    activation writes the first report; without it the report says ``activate()``."""
+    global _activated_by
+    _activated_by = via
 
 
 def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False) -> None:
@@ -60,9 +68,9 @@ def forget() -> None:
     target = path()
     _attached = False
     _last = None
-    engine = sys.modules.get("npu_compat._engine")
-    if engine is not None and write in engine.LISTENERS:
-        engine.LISTENERS.remove(write)
+    activation = sys.modules.get("npu_compat._activation")
+    if activation is not None and write in activation.LISTENERS:
+        activation.LISTENERS.remove(write)
     if target is not None:
         try:
             os.remove(target)
@@ -118,14 +126,12 @@ def build() -> "dict[str, object]":
     """This process's report as a JSON-ready dict (without the ``updated`` time)."""
     import npu_compat
 
-    from . import _boot
-
     rep = npu_compat.report()
     patches = [{k: r[k] for k in ("id", "target", "status", "reason", "installed", "versions")} for r in rep]
     counts: dict[str, int] = {}
     for p in patches:
         counts[str(p["status"])] = counts.get(str(p["status"]), 0) + 1
-    boot = sys.modules.get("_npu_compat_boot")
+    precheck = sys.modules.get("_npu_compat_precheck")
     ray = _ray_identity()
     return {
         "schema": SCHEMA,
@@ -138,8 +144,8 @@ def build() -> "dict[str, object]":
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "npu_compat": npu_compat.__version__,
-        "activated_by": _boot.VIA or "activate()",
-        "triggers": list(getattr(boot, "TRIGGERS", [])),
+        "activated_by": _activated_by or "activate()",
+        "triggers": list(getattr(precheck, "TRIGGERS", [])),
         "decision": rep.decision,
         "environment": environment(),
         "counts": counts,

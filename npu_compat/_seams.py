@@ -66,9 +66,9 @@ def vllm_plugin() -> None:
 
 
 def _start(via: str) -> str:
-    from . import _boot
+    from . import _autostart
 
-    return _boot.start(via)
+    return _autostart.start(via)
 
 
 def _load(path: str) -> "Callable[[], object]":

@@ -1,9 +1,9 @@
 """What activation costs at interpreter start, and what it defers without changing behaviour.
 
-An activation on ``npu`` loads the package, ``_env`` and ``_engine`` and registers one
+An activation on ``npu`` loads the package, ``_env`` and ``_activation`` and registers one
 finder; the patch list (the catalogue) and the code that applies it are read at the first
 import of a package some patch targets -- before that package runs -- or at the first
-``report()``.  The package names that finder waits for are written out in ``_engine``;
+``report()``.  The package names that finder waits for are written out in ``_activation``;
 the first test keeps them equal to the catalogue.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import _catalog, _engine, _env
+from npu_compat import _activation, _catalog, _env
 from tests.conftest import REPO, last_json, run_py
 
 NPU = {"NPU_COMPAT_DEVICE": "npu"}
@@ -29,8 +29,8 @@ def test_the_packages_the_engine_waits_for_are_the_catalogues() -> None:
     for spec in _catalog.SPECS:
         declared.add(spec.module.partition(".")[0])
         declared.update(module.partition(".")[0] for module, _ in spec.copy_places())
-    assert _engine.CATALOG_PACKAGES == declared, (
-        "npu_compat/_engine.py CATALOG_PACKAGES must list the top-level package of every module the "
+    assert _activation.CATALOG_PACKAGES == declared, (
+        "npu_compat/_activation.py CATALOG_PACKAGES must list the top-level package of every module the "
         f"catalogue patches or repoints a copy in: set it to frozenset({sorted(declared)})"
     )
 
@@ -59,7 +59,7 @@ def test_npu_activation_loads_three_modules_and_reads_no_patch_list() -> None:
     )
     out = last_json(proc)
     assert out["device"] == out["again"] == "npu"
-    assert out["loaded"] == ["npu_compat", "npu_compat._engine", "npu_compat._env"]
+    assert out["loaded"] == ["npu_compat", "npu_compat._activation", "npu_compat._env"]
     assert out["finder"] == "PostImportFinder" and out["finders"] == 1
     assert out["not_in_original_list"]
     # report() reads the catalogue: every declared patch, pending
@@ -149,7 +149,7 @@ def test_a_package_runs_with_its_targets_already_patched(synth: Path) -> None:
         import npu_compat
         from synthspecs import SPECS
         npu_compat.activate(specs=SPECS)
-        engine = sys.modules["npu_compat._engine"]
+        engine = sys.modules["npu_compat._activation"]
         waiting = engine._state.pending
         import synthpkg
         print(json.dumps({"waiting": waiting, "after": engine._state.pending,
@@ -175,7 +175,7 @@ def test_deactivate_while_waiting_leaves_nothing_behind() -> None:
         npu_compat.activate()
         npu_compat.deactivate()
         print(json.dumps({"meta_path": sys.meta_path == original,
-                          "hooks_loaded": "npu_compat._hooks" in sys.modules,
+                          "hooks_loaded": "npu_compat._apply" in sys.modules,
                           "importlib_loaded": "importlib" in sys.modules and not had_importlib,
                           "report": npu_compat.report().decision["source"]}))
         """,
@@ -224,7 +224,9 @@ def test_davinci_nodes_are_found_by_prefix_only(
 @pytest.fixture
 def boot() -> Iterator[object]:
     # the checkout's file, as a module of its own: an installed npu-compat has loaded its own copy
-    spec = importlib.util.spec_from_file_location("_npu_compat_boot_under_test", REPO / "_npu_compat_boot.py")
+    spec = importlib.util.spec_from_file_location(
+        "_npu_compat_precheck_under_test", REPO / "_npu_compat_precheck.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BOOTSTRAP = REPO / "npu_compat" / "_bootstrap"
+BOOTSTRAP = REPO / "npu_compat" / "_launcher_site"
 
 #: Variables that change what a child decides or does; removed unless a test sets them.
 CLEARED_PREFIXES = (
@@ -77,17 +77,17 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> object:
 #: target package (``waited``: its trigger) is finished first, as that import would.
 PROBE = """
 import json, os, sys
-boot = sys.modules.get("_npu_compat_boot")
+boot = sys.modules.get("_npu_compat_precheck")
 waited = getattr(boot, "PENDING", None)
 if waited is not None:
     boot.complete()
-eng = sys.modules.get("npu_compat._engine")
+eng = sys.modules.get("npu_compat._activation")
 print(json.dumps({
     "pid": os.getpid(),
     "waited": waited,
     "triggers": list(getattr(boot, "TRIGGERS", [])),
     "started": getattr(boot, "STARTED", None),
-    "via": getattr(sys.modules.get("npu_compat._boot"), "VIA", None),
+    "via": getattr(sys.modules.get("npu_compat._autostart"), "VIA", None),
     "active": bool(eng and eng._state.active),
     "loaded": sorted(m for m in sys.modules if m.startswith("npu_compat")),
     "npu_compat_file": getattr(sys.modules.get("npu_compat"), "__file__", None),

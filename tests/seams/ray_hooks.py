@@ -5,7 +5,7 @@ import sys
 
 
 def mark() -> None:
-    engine = sys.modules.get("npu_compat._engine")
+    engine = sys.modules.get("npu_compat._activation")
     os.environ["USER_HOOK_RAN"] = (
         "after-activation" if engine and engine._state.active else "before-activation"
     )

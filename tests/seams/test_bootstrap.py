@@ -2,7 +2,7 @@
 
 Each case runs in a fresh interpreter started with the checkout's bootstrap on
 ``PYTHONPATH`` (the repository root holds the top-level ``sitecustomize``; the
-launcher's lives in ``npu_compat/_bootstrap``).  Needs nothing but the stdlib.
+launcher's lives in ``npu_compat/_launcher_site``).  Needs nothing but the stdlib.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import _engine, _env
+from npu_compat import _activation, _env
 
 from .conftest import BOOTSTRAP, PROBE, REPO, child_env, last_json, pth_installed, py, run
 
@@ -25,9 +25,9 @@ FIRST = ".pth" if pth_installed() else None
 def boot() -> Iterator[object]:
     sys.path.insert(0, str(REPO))
     try:
-        import _npu_compat_boot
+        import _npu_compat_precheck
 
-        yield _npu_compat_boot
+        yield _npu_compat_precheck
     finally:
         sys.path.remove(str(REPO))
 
@@ -47,7 +47,7 @@ def test_the_pre_check_reads_the_names_of_env(boot: object) -> None:
     assert b.DEV_DIR == _env.DEV_DIR  # type: ignore[attr-defined]
     assert b._REPORT_DIR == _env.REPORT_DIR  # type: ignore[attr-defined]
     assert b._NOW == (_env.SIMULATE, _env.REPORT_DIR, _env.DISABLE)  # type: ignore[attr-defined]
-    assert b._PACKAGES == _engine.CATALOG_PACKAGES  # type: ignore[attr-defined]
+    assert b._PACKAGES == _activation.CATALOG_PACKAGES  # type: ignore[attr-defined]
 
 
 ENVIRONMENTS = [
@@ -138,11 +138,11 @@ def test_npu_start_waits_for_the_first_import_of_a_target_package(where: str, tm
         "finders = [type(f).__name__ for f in sys.meta_path]\n"
         f"sys.path.append({str(tmp_path)!r})\n"
         "import verl\n"
-        "eng = sys.modules.get('npu_compat._engine')\n"
+        "eng = sys.modules.get('npu_compat._activation')\n"
         "print(json.dumps({'before': before, 'finders': finders, 'after': [type(f).__name__ for f in sys.meta_path],"
         " 'active': bool(eng and eng._state.active), 'read': bool(eng and eng._state.records),"
-        " 'pending': getattr(sys.modules['_npu_compat_boot'], 'PENDING', 0),"
-        " 'via': getattr(sys.modules.get('npu_compat._boot'), 'VIA', None)}))"
+        " 'pending': getattr(sys.modules['_npu_compat_precheck'], 'PENDING', 0),"
+        " 'via': getattr(sys.modules.get('npu_compat._autostart'), 'VIA', None)}))"
     )
     out = last_json(py(code, child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=pythonpath)))
     assert out["before"] == []  # type: ignore[index]
@@ -263,7 +263,7 @@ def test_explicit_activation_still_works_with_auto_off() -> None:
 USER_SITECUSTOMIZE = """
 import os, sys
 with open(os.environ["USER_SC_LOG"], "a") as f:
-    started = getattr(sys.modules.get("_npu_compat_boot"), "STARTED", None) is not None
+    started = getattr(sys.modules.get("_npu_compat_precheck"), "STARTED", None) is not None
     f.write(f"{os.getpid()} npu_compat_started={started}\\n")
 USER_SITECUSTOMIZE_RAN = True
 """
@@ -333,10 +333,10 @@ import json, multiprocessing as mp, subprocess, sys
 
 def probe(q):
     import sys
-    boot = sys.modules.get("_npu_compat_boot")
+    boot = sys.modules.get("_npu_compat_precheck")
     if getattr(boot, "PENDING", None) is not None:
         boot.complete()  # what the first import of a target package would do
-    eng = sys.modules.get("npu_compat._engine")
+    eng = sys.modules.get("npu_compat._activation")
     q.put([getattr(boot, "STARTED", None), bool(eng and eng._state.active), "npu_compat" in sys.modules])
 
 if __name__ == "__main__":
@@ -345,9 +345,9 @@ if __name__ == "__main__":
     p.start()
     spawned = q.get(timeout=60)
     p.join(30)
-    code = ("import sys, json; b = sys.modules.get('_npu_compat_boot');"
+    code = ("import sys, json; b = sys.modules.get('_npu_compat_precheck');"
             "b.complete() if getattr(b, 'PENDING', None) is not None else None;"
-            "e = sys.modules.get('npu_compat._engine');"
+            "e = sys.modules.get('npu_compat._activation');"
             "print(json.dumps([getattr(b, 'STARTED', None), bool(e and e._state.active), 'npu_compat' in sys.modules]))")
     sub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     print(json.dumps({"spawned": spawned, "sub": json.loads(sub.stdout)}))
@@ -398,7 +398,7 @@ def test_bootstrap_costs_the_no_op_path_no_module_of_the_package() -> None:
             child_env(pythonpath=[str(BOOTSTRAP)]),
         )
     )
-    assert out == ["_npu_compat_boot"]
+    assert out == ["_npu_compat_precheck"]
 
 
 def test_relative_entries_are_never_searched_for_the_next_sitecustomize(tmp_path: Path) -> None:
@@ -407,7 +407,7 @@ def test_relative_entries_are_never_searched_for_the_next_sitecustomize(tmp_path
     proc = py(
         f"""
         import sys
-        boot = sys.modules["_npu_compat_boot"]
+        boot = sys.modules["_npu_compat_precheck"]
         sys.path[:0] = ["", ".", "relative/dir"]
         boot._chain({str(elsewhere)!r})
         print("searched", sys.modules["sitecustomize"].__file__)

@@ -64,9 +64,9 @@ def test_the_wheel_puts_the_bootstrap_at_the_top_of_site_packages(venv: Path) ->
     site = _site(venv)
     assert (
         site / "npu_compat.pth"
-    ).read_text().strip() == "import _npu_compat_boot; _npu_compat_boot.from_pth()"
-    boot = (REPO / "_npu_compat_boot.py").read_bytes()
-    for copy in ("_npu_compat_boot.py", "npu_compat/_bootstrap/sitecustomize.py"):
+    ).read_text().strip() == "import _npu_compat_precheck; _npu_compat_precheck.from_pth()"
+    boot = (REPO / "_npu_compat_precheck.py").read_bytes()
+    for copy in ("_npu_compat_precheck.py", "npu_compat/_launcher_site/sitecustomize.py"):
         assert not (site / copy).is_symlink() and (site / copy).read_bytes() == boot
     assert (site / "sitecustomize.py").read_bytes() == (REPO / "sitecustomize.py").read_bytes()
     eps = run(
@@ -156,8 +156,8 @@ def test_a_wheel_built_from_the_sdist_still_ships_the_pth(tmp_path: Path) -> Non
     names = zipfile.ZipFile(built).namelist()
     for top in (
         "npu_compat.pth",
-        "_npu_compat_boot.py",
+        "_npu_compat_precheck.py",
         "sitecustomize.py",
-        "npu_compat/_bootstrap/sitecustomize.py",
+        "npu_compat/_launcher_site/sitecustomize.py",
     ):
         assert top in names

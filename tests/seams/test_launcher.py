@@ -167,7 +167,7 @@ def test_parse_keeps_the_commands_own_options() -> None:
 def test_a_checkout_puts_its_root_after_the_bootstrap() -> None:
     env = _launcher.command_env(_launcher.Options(), {"PYTHONPATH": ""})
     entries = env["PYTHONPATH"].split(os.pathsep)
-    assert entries[0] == _launcher.BOOTSTRAP
-    root = os.path.dirname(os.path.dirname(_launcher.BOOTSTRAP))
+    assert entries[0] == _launcher.SITE_DIR
+    root = os.path.dirname(os.path.dirname(_launcher.SITE_DIR))
     assert (root in entries) == (not _launcher._is_site_dir(root))
     assert "" not in entries

@@ -35,7 +35,7 @@ import ray
 
 def callable_hook():
     import os, sys
-    e = sys.modules.get("npu_compat._engine")
+    e = sys.modules.get("npu_compat._activation")
     os.environ["USER_HOOK_RAN"] = "after-activation" if e and e._state.active else "before-activation"
 
 hook = {hook}
@@ -49,7 +49,7 @@ ray.init(address={address!r}, runtime_env=runtime_env or None, log_to_driver=Fal
 @ray.remote(resources={{"NPU": 1}})
 class Probe:
     def look(self):
-        e = sys.modules.get("npu_compat._engine")
+        e = sys.modules.get("npu_compat._activation")
         return {{"pid": os.getpid(), "active": bool(e and e._state.active),
                  "loaded": sorted(m for m in sys.modules if m.startswith("npu_compat")),
                  "hook": os.environ.get("USER_HOOK_RAN"),
@@ -190,7 +190,7 @@ def test_the_hook_runs_in_a_worker_like_process_and_chains(tmp_path: Path) -> No
             os.environ["NPU_COMPAT_RAY_SETUP_HOOK"] = "tests.seams.ray_hooks.mark"
             from npu_compat import _seams
             _seams.ray_worker_setup()
-            print(json.dumps([sys.modules["npu_compat._boot"].VIA, os.environ["USER_HOOK_RAN"]]))
+            print(json.dumps([sys.modules["npu_compat._autostart"].VIA, os.environ["USER_HOOK_RAN"]]))
             """,
             child_env({"NPU_COMPAT_DEVICE": "npu"}, pythonpath=[str(REPO)], auto=False),
         )

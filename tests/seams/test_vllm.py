@@ -31,7 +31,7 @@ def test_vllm_loads_the_plugin_and_it_activates(tmp_path: Path) -> None:
 def test_the_plugin_is_a_cheap_no_op_on_cpu() -> None:
     out = last_json(py(LOAD + PROBE, child_env(auto=False), timeout=180))
     assert not out["active"]  # type: ignore[index]
-    assert out["loaded"] == ["npu_compat", "npu_compat._boot", "npu_compat._env", "npu_compat._seams"]  # type: ignore[index]
+    assert out["loaded"] == ["npu_compat", "npu_compat._autostart", "npu_compat._env", "npu_compat._seams"]  # type: ignore[index]
     assert "PostImportFinder" not in out["finders"]  # type: ignore[index]
 
 

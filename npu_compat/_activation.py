@@ -1,20 +1,11 @@
-"""The activation engine: decide, register the post-import hook, keep the state, undo.
+"""Activation: ``activate()``, ``deactivate()``, ``report()``, the process's state (one
+:class:`_State`, one re-entrant lock) and the meta-path finder that watches target modules.
 
-State lives in one module-level :class:`_State` guarded by one re-entrant lock, so
-``activate()``, ``deactivate()`` and post-import hooks firing from several threads
-apply each patch exactly once.  Every change to an upstream object is written to the
-ledger as ``(owner, name, original, new)`` before anything else can observe it, and
-undone in reverse order.
-
-On any device decision but ``npu`` nothing is registered and nothing is imported
-beyond npu-compat's own small start-up modules (the package's ``activate()`` does
-not even load this one).  On ``npu`` this module is all that activation loads: it
-installs a meta-path finder that waits for the first import of a package some patch
-targets (:data:`CATALOG_PACKAGES`).  That import -- before the package runs -- or the
-first :func:`report` reads the patch list and loads the code that applies it
-(:mod:`._hooks`); so does activation itself when something could tell the difference
-(a target package already imported, ``NPU_COMPAT_DISABLE`` set, logging loaded).
-Versions are read, and wrapt and the patch modules imported, when a patch is applied.
+On ``npu`` this is the one engine module activation loads: its :class:`PostImportFinder`
+waits for the first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
+which -- before that package runs -- or the first ``report()`` reads the patch list
+(:mod:`._register`).  The other parts are loaded when needed and handed the state; none
+imports this module.  The README's "How the engine works" follows one patch through them.
 Every byte here is unmarshalled by every activated process: keep it small.
 """
 
@@ -31,9 +22,8 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from ._env import Decision
-    from ._hooks import Report, _Record
-    from ._hooks import installed_version as installed_version
-    from ._hooks import version_in_range as version_in_range
+    from ._ledger import Record
+    from ._report import Report
     from ._spec import PatchSpec
 
 #: The top-level package of every module the built-in catalogue (``npu_compat._catalog``)
@@ -45,7 +35,7 @@ CATALOG_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
 class PostImportFinder:
     """The meta-path finder; one per activation, removed again by :meth:`uninstall`.
 
-    It answers only for the modules in ``names`` (see :func:`._hooks.find_spec`), and,
+    It answers only for the modules in ``names`` (see :func:`._importhook.wrap_spec`), and,
     while the patch list waits, for the first import of a module in ``packages``.
     """
 
@@ -56,11 +46,17 @@ class PostImportFinder:
     def find_spec(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
-        if fullname not in self.names and not (self.packages and fullname.partition(".")[0] in self.packages):
-            return None
-        from ._hooks import find_spec
+        if fullname not in self.names:
+            if not (self.packages and fullname.partition(".")[0] in self.packages):
+                return None
+            from ._register import first_import
 
-        return find_spec(self, fullname, path, target)
+            first_import(_state)  # the patch list, read before the package runs; then its modules are watched
+            if fullname not in self.names:
+                return None
+        from ._importhook import wrap_spec
+
+        return wrap_spec(self, fullname, path, target, _fire)
 
     def install(self) -> None:
         if self not in sys.meta_path:
@@ -75,6 +71,19 @@ class PostImportFinder:
             sys.meta_path.remove(self)
 
 
+def _fire(module: "ModuleType") -> None:
+    from ._apply import on_import
+
+    on_import(_state, module)
+
+
+#: Called (no arguments, under the state's lock) after ``activate()``, after ``deactivate()``
+#: and after every post-import hook that may have changed a patch's status.  The
+#: per-process report file (:mod:`._reportfile`) listens here.  A listener that raises
+#: is reported as a warning; it never breaks an import.
+LISTENERS: "list[Callable[[], None]]" = []
+
+
 class _State:
     def __init__(self) -> None:
         self.lock = _thread.RLock()
@@ -87,10 +96,10 @@ class _State:
         self.active = False
         self.decision: Decision | None = None
         self.strict = False
-        self.records: dict[str, _Record] = {}
-        self.order: list[_Record] = []
-        self.by_module: dict[str, list[_Record]] = {}
-        self.by_copy: dict[str, list[_Record]] = {}
+        self.records: dict[str, Record] = {}
+        self.order: list[Record] = []
+        self.by_module: dict[str, list[Record]] = {}
+        self.by_copy: dict[str, list[Record]] = {}
         self.finder: PostImportFinder | None = None
         self.warned_versions: set[tuple[str, str]] = set()
         # True while the patch list waits for the first import of a target package (or a
@@ -98,30 +107,17 @@ class _State:
         self.pending = False
         self.specs: tuple[PatchSpec, ...] | None = None
 
+    def notify(self) -> None:
+        for listener in list(LISTENERS):
+            try:
+                listener()
+            except Exception as exc:  # noqa: BLE001 - a report must never break the user's import
+                from ._errors import warn
+
+                warn(f"npu_compat: report listener {listener!r} failed: {type(exc).__name__}: {exc}")
+
 
 _state = _State()
-
-#: Called (no arguments, under the engine's lock) after ``activate()``, after ``deactivate()``
-#: and after every post-import hook that may have changed a patch's status.  The
-#: per-process report file (:mod:`._reportfile`) listens here.  A listener that raises
-#: is reported as a warning; it never breaks an import.
-LISTENERS: "list[Callable[[], None]]" = []
-
-
-def _notify() -> None:
-    for listener in list(LISTENERS):
-        try:
-            listener()
-        except Exception as exc:  # noqa: BLE001 - a report must never break the user's import
-            _warn(f"npu_compat: report listener {listener!r} failed: {type(exc).__name__}: {exc}")
-
-
-def _warn(message: str) -> None:
-    import warnings  # not loaded at start-up in a plain venv
-
-    from ._errors import NpuCompatWarning
-
-    warnings.warn(message, NpuCompatWarning, stacklevel=3)
 
 
 def _can_wait(packages: "frozenset[str]") -> bool:
@@ -156,7 +152,9 @@ def activate(
         if state.active:
             assert state.decision is not None
             if decision.device != state.decision.device:
-                _warn(
+                from ._errors import warn
+
+                warn(
                     f"npu_compat: already active for {state.decision.device!r}; "
                     f"call deactivate() before activating for {decision.device!r}"
                 )
@@ -166,23 +164,29 @@ def activate(
             return decision.device
         state.strict = strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
         try:
-            if specs is None and _can_wait(CATALOG_PACKAGES):
+            chosen = None if specs is None else tuple(specs)
+            packages = CATALOG_PACKAGES
+            if chosen is not None:
+                from ._register import packages_of
+
+                packages = packages_of(chosen)
+            state.finder = PostImportFinder((), packages)
+            if _can_wait(packages):
                 # the usual start: nothing of the patch list is read until a target package is imported
-                state.pending = True
-                state.finder = PostImportFinder((), CATALOG_PACKAGES)
+                state.pending, state.specs = True, chosen
                 state.finder.install()
                 state.active = True
             else:
-                from . import _hooks
+                from . import _register
 
-                _hooks.activate(state, specs)
+                _register.activate(state, chosen)
         finally:
             if state.active:
                 if _env._get(os.environ, _env.REPORT_DIR):
                     from . import _reportfile  # the per-process report file: it listens from now on
 
                     _reportfile.attach()
-                _notify()
+                state.notify()
         return "npu"
 
 
@@ -191,22 +195,28 @@ def deactivate() -> None:
     state = _state
     with state.lock:
         if state.order:
-            from . import _hooks
+            from . import _undo
 
-            _hooks.undo(state)
+            _undo.undo(state)
         if state.finder is not None:
             state.finder.uninstall()
         state.reset()
         state.summary_logged = False
         _env.LAST = None
-        _notify()
+        state.notify()
 
 
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
-    from . import _hooks
+    state = _state
+    with state.lock:
+        if state.active and state.pending:
+            from . import _register
 
-    return _hooks.report(_state)
+            _register.materialise(state)
+        from . import _report
+
+        return _report.build(state)
 
 
 def is_patched(obj: object) -> bool:
@@ -221,16 +231,3 @@ def get_original(obj: object) -> object:
     if entry is not None and entry[0] is obj:
         return entry[1]
     return obj
-
-
-def __getattr__(name: str) -> object:
-    # What applies the patches (records, the ledger, versions, the report) is in ._hooks, loaded
-    # on first use; its names are reachable here too (_doctor, bench/overhead.py).
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import _hooks
-
-    try:
-        return getattr(_hooks, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

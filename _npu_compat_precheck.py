@@ -1,14 +1,16 @@
-"""npu-compat's interpreter-start bootstrap: the part that runs in every Python process.
+"""npu-compat's pre-check: what runs first, at every interpreter start, in every Python process.
 
-Reached three ways; whichever runs first holds the state, and npu-compat starts at
-most once per interpreter:
+Interpreter start goes: the ``.pth`` line (or a ``sitecustomize`` of ours) -> this
+pre-check -> activation (``npu_compat._autostart``), at once or at the first import of a
+target package.  This module is reached three ways; whichever runs first holds the state,
+and npu-compat starts at most once per interpreter:
 
 * ``npu_compat.pth`` in site-packages imports it (every interpreter of the environment,
   also under ``-I``, not under ``-S``), even when another ``sitecustomize`` shadows ours;
 * the ``sitecustomize`` at the top of the wheel, a stub that calls it;
-* the launcher's ``sitecustomize`` (``npu_compat/_bootstrap``, first on the command's
-  ``PYTHONPATH``), which is a copy of this file (a link in the repository), so that a
-  launched interpreter loads one module, not two.
+* the launcher's site directory (``npu_compat/_launcher_site``, first on the command's
+  ``PYTHONPATH``), whose ``sitecustomize`` is a copy of this file (a link in the
+  repository), so that a launched interpreter loads one module, not two.
 
 A ``sitecustomize`` of ours activates, then runs the next ``sitecustomize`` on ``sys.path``
 -- the environment's own -- exactly once, as Python would have.
@@ -17,7 +19,7 @@ Every interpreter pays for this file, so it imports nothing (``os`` and ``sys`` 
 loaded before ``site`` runs) and first asks one cheap question: can npu-compat be
 anything but a no-op here?  Only an Ascend hint (a device override that is not
 ``cpu``/``cuda``, an Ascend variable, ``/dev/davinci*``, ``torch_npu`` on the path) or
-a report directory leads on to ``npu_compat._boot``, which imports the package and
+a report directory leads on to ``npu_compat._autostart``, which imports the package and
 makes the real decision.  Even then that waits, when nothing could tell the difference,
 for the first import of a package some patch targets (or of ``npu_compat`` itself): a
 process that never imports one has nothing to patch, and one that does pays the start
@@ -55,7 +57,7 @@ _NOT_NPU = ("cpu", "cuda")
 DEV_DIR = "/dev"
 _NONE = object()
 #: The top-level packages whose first import finishes a waiting start: those of
-#: npu_compat._engine.CATALOG_PACKAGES (tests/engine keeps them equal).
+#: npu_compat._activation.CATALOG_PACKAGES (tests/engine keeps them equal).
 _PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
 #: Set, any of these needs the whole start at once: the simulation's path entry, the
 #: per-process report file, the warning for an unknown id in the disable list.
@@ -69,8 +71,8 @@ STARTED: "str | None" = None
 PENDING: "str | None" = None
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-#: Where the npu_compat package is: beside this file, or two levels up from npu_compat/_bootstrap.
-_ROOT = os.path.dirname(os.path.dirname(_HERE)) if os.path.basename(_HERE) == "_bootstrap" else _HERE
+#: Where the npu_compat package is: beside this file, or two levels up from npu_compat/_launcher_site.
+_ROOT = os.path.dirname(os.path.dirname(_HERE)) if os.path.basename(_HERE) == "_launcher_site" else _HERE
 _OURS: "list[str]" = []  # the sitecustomize files of ours that ran here
 _HOST: "list[bool | None]" = []  # what the environment and /dev said, once read
 
@@ -179,17 +181,17 @@ def _trigger(via: str) -> None:
     STARTED = via
     if _can_wait():
         PENDING = via
-        sys.meta_path = [_WAITING, *sys.meta_path]  # a new list: see npu_compat._engine.PostImportFinder
+        sys.meta_path = [_WAITING, *sys.meta_path]  # a new list: see npu_compat._activation.PostImportFinder
         return
     _start(via)
 
 
 def _start(via: str) -> None:
     try:
-        boot = sys.modules.get("npu_compat._boot")
-        if boot is None:
-            boot = _import_boot()
-        boot.start(via)
+        autostart = sys.modules.get("npu_compat._autostart")
+        if autostart is None:
+            autostart = _import_autostart()
+        autostart.start(via)
     except Exception as exc:  # noqa: BLE001 - interpreter start-up must never fail because of us
         sys.stderr.write(
             f"npu_compat: activation at interpreter start ({via}) failed: {type(exc).__name__}: {exc}; "
@@ -264,7 +266,7 @@ def _forget_report() -> None:
             pass
 
 
-def _import_boot() -> "ModuleType":
+def _import_autostart() -> "ModuleType":
     # The package next to this file: its absolute directory goes first for the one
     # import, so a relative sys.path entry or the current directory is never searched.
     if "npu_compat" not in sys.modules:
@@ -274,9 +276,9 @@ def _import_boot() -> "ModuleType":
         finally:
             if sys.path and sys.path[0] == _ROOT:
                 del sys.path[0]
-    import npu_compat._boot
+    import npu_compat._autostart
 
-    return npu_compat._boot
+    return npu_compat._autostart
 
 
 def _chain(path: str) -> None:
@@ -363,5 +365,5 @@ def _norm(path: str) -> str:
 
 if __name__ == "sitecustomize":
     # Loaded as a sitecustomize: share the state of the .pth's module if it ran, else be it.
-    _shared = sys.modules.setdefault("_npu_compat_boot", sys.modules[__name__])
+    _shared = sys.modules.setdefault("_npu_compat_precheck", sys.modules[__name__])
     _shared.from_sitecustomize(__file__, "launcher" if _ROOT != _HERE else "sitecustomize")

@@ -1,10 +1,13 @@
-"""Activation at interpreter start, once ``_npu_compat_boot`` found something to do.
+"""Activation that nobody called ``activate()`` for: at interpreter start, once the
+pre-check (``_npu_compat_precheck``) found something to do, and from the seams other
+programs call (:mod:`._seams`: Ray's worker setup hook, vLLM's plugin).
 
 Makes the real device decision (``npu_compat.activate()`` with the environment's
 settings), switches on the simulated Ascend first when ``NPU_COMPAT_SIMULATE`` asks
 for it (a Ray worker or vLLM child whose ``PYTHONPATH`` was reset still sees it), and
 starts the per-process report file when ``NPU_COMPAT_REPORT_DIR`` is set.  A bad
-setting is one line on stderr, never a failed interpreter start.
+setting is one line on stderr, never a failed interpreter start.  A process is started
+at most once, whichever way reaches it first (:data:`VIA`).
 """
 
 import os
@@ -23,6 +26,11 @@ def start(via: str) -> str:
     if VIA is not None:
         return _env.LAST.device if _env.LAST is not None else "error"
     VIA = via
+    reports = bool(os.environ.get(_env.REPORT_DIR))
+    if reports:
+        from . import _reportfile
+
+        _reportfile.set_activated_by(via)  # before activation writes the first report
     if _env.is_true(os.environ.get(_env.SIMULATE)):
         _simulate()
     import npu_compat
@@ -36,9 +44,7 @@ def start(via: str) -> str:
             raise
         sys.stderr.write(f"npu_compat: {exc}; this process runs without npu-compat\n")
         return "error"
-    if device != "off" and os.environ.get(_env.REPORT_DIR):
-        from . import _reportfile
-
+    if device != "off" and reports:
         _reportfile.attach()
     return device
 

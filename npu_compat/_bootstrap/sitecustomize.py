@@ -1,1 +1,0 @@
-../../_npu_compat_boot.py

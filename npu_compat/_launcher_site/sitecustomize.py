@@ -1,0 +1,1 @@
+../../_npu_compat_precheck.py

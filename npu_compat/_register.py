@@ -1,0 +1,139 @@
+"""Registering: from the patch list to pending records, their modules watched.
+
+The patch list is the catalogue (:mod:`._catalog`), or the specs given to ``activate()``.
+:func:`register` makes one record per spec (``skipped`` when ``NPU_COMPAT_DISABLE`` names
+it), indexed by the module it patches and by the modules holding its copies; the
+activation's finder is then told to watch those modules, and targets already imported are
+patched at once (:func:`apply_imported`).  An activation that waits for the first import
+of a target package (:mod:`._activation`) is finished here: :func:`first_import`, before
+that package runs, or the first ``report()``.
+"""
+
+import os
+import sys
+
+from . import _env
+from ._apply import on_import
+from ._errors import warn
+from ._ledger import Record
+from ._report import maybe_log_summary
+
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
+
+    from ._activation import _State
+    from ._spec import PatchSpec
+
+
+def catalog() -> "tuple[PatchSpec, ...]":
+    """The built-in patch list."""
+    from ._catalog import SPECS
+
+    return SPECS
+
+
+def packages_of(specs: "Sequence[PatchSpec]") -> "frozenset[str]":
+    """The top-level packages of every module ``specs`` patch or repoint a copy in (the ones an
+    activation with these specs waits for).  Raises ValueError for duplicate patch ids."""
+    ids = [spec.id for spec in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate patch ids in {ids}")
+    names = set()
+    for spec in specs:
+        names.add(spec.module.partition(".")[0])
+        names.update(module.partition(".")[0] for module, _ in spec.copy_places())
+    return frozenset(names)
+
+
+def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
+    raw = os.environ.get(_env.DISABLE, "")
+    wanted = {part.strip() for part in raw.split(",") if part.strip()}
+    known = {spec.id for spec in specs}
+    if "*" in wanted:
+        return known
+    unknown = sorted(wanted - known)
+    if unknown:
+        warn(
+            f"npu_compat: {_env.DISABLE} names unknown patch ids {', '.join(unknown)}; "
+            f"known ids: {', '.join(sorted(known)) or '(none)'}"
+        )
+    return wanted & known
+
+
+def activate(state: "_State", specs: "Sequence[PatchSpec] | None") -> None:
+    """Finish an activation that cannot wait: the records made now (``NPU_COMPAT_DISABLE``
+    read and checked), their modules watched by ``state.finder``, which is then installed,
+    and the targets already imported patched."""
+    register(state, catalog() if specs is None else specs)
+    finder = state.finder
+    assert finder is not None
+    finder.names = frozenset([*state.by_module, *state.by_copy])
+    finder.packages = frozenset()
+    finder.install()
+    state.active = True
+    try:
+        apply_imported(state)
+    finally:
+        maybe_log_summary(state)
+
+
+def register(state: "_State", specs: "Sequence[PatchSpec]", disabled: "set[str] | None" = None) -> None:
+    """One pending record per spec (or skipped, when disabled), indexed by module and copy place.
+
+    ``disabled`` defaults to what ``NPU_COMPAT_DISABLE`` names now.
+    """
+    if disabled is None:
+        disabled = _disabled_ids(specs)
+    for spec in specs:
+        rec = Record(spec)
+        state.records[spec.id] = rec
+        if spec.id in disabled:
+            rec.status, rec.reason = "skipped", f"disabled by {_env.DISABLE}"
+            continue
+        state.by_module.setdefault(spec.module, []).append(rec)
+        for copy_module, _ in spec.copy_places():
+            state.by_copy.setdefault(copy_module, []).append(rec)
+
+
+def _is_initialised(module: "ModuleType") -> bool:
+    spec = getattr(module, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
+def apply_imported(state: "_State") -> None:
+    """Patch the targets (and repoint the copies) that are already imported."""
+    for name in [*state.by_module, *state.by_copy]:
+        module = sys.modules.get(name)
+        if module is not None and _is_initialised(module):
+            on_import(state, module)
+
+
+def materialise(state: "_State") -> None:
+    """Read the patch list an activation left waiting, watch its modules, patch what is imported."""
+    if not state.pending:
+        return
+    state.pending = False
+    specs, state.specs = state.specs, None
+    # an activation waits only while NPU_COMPAT_DISABLE is unset: what it named then is nothing
+    register(state, catalog() if specs is None else specs, disabled=set())
+    finder = state.finder
+    assert finder is not None
+    finder.names = frozenset([*state.by_module, *state.by_copy])
+    finder.packages = frozenset()  # after the names: a racing find_spec sees one or the other
+    apply_imported(state)
+
+
+def first_import(state: "_State") -> None:
+    """The first import of a target package is under way (called from the finder, before it runs)."""
+    try:
+        with state.lock:
+            if state.active:
+                materialise(state)
+    except Exception as exc:
+        from ._errors import PatchError
+
+        if isinstance(exc, PatchError):
+            raise
+        warn(f"npu_compat: internal error while reading the patch list: {type(exc).__name__}: {exc}")

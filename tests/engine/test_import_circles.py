@@ -1,0 +1,104 @@
+"""No import circle among npu-compat's own modules: each layer leans only on the ones below it.
+
+The package's modules are read, not imported (nothing upstream needs to be installed).  Every
+``import`` counts, at the top of a module or inside a function, except those under
+``if TYPE_CHECKING:`` (annotations only).  An import of the package itself (``import
+npu_compat``, the public API) is not an edge: ``__init__`` only re-exports its parts.  The
+simulated Ascend (``npu_compat.testing``) is walked too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        if "_sim_site" in path.relative_to(root).parts:
+            continue  # stand-ins for other distributions (torch_npu, vllm_ascend), not modules of ours
+        parts = list(path.with_suffix("").relative_to(root.parent).parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
+def _imports(name: str, path: Path, known: dict[str, Path], top: str) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")
+                    up = up[: len(up) - (child.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {module for module in found if module in known and module not in (name, top)}
+
+
+def import_circles(root: Path) -> list[list[str]]:
+    """Every import circle among the modules of the package at ``root``, each once."""
+    known = _modules(root)
+    graph = {name: _imports(name, path, known, root.name) for name, path in known.items()}
+    circles: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    done: set[str] = set()
+
+    def walk(node: str, stack: list[str]) -> None:
+        for dep in sorted(graph[node]):
+            if dep in stack:
+                circle = stack[stack.index(dep) :]
+                if frozenset(circle) not in seen:
+                    seen.add(frozenset(circle))
+                    circles.append([*circle, dep])
+            elif dep not in done:
+                walk(dep, [*stack, dep])
+        done.add(node)
+
+    for name in sorted(graph):
+        if name not in done:
+            walk(name, [name])
+    return circles
+
+
+def test_npu_compat_has_no_import_circle() -> None:
+    circles = import_circles(REPO / "npu_compat")
+    assert circles == [], "import circles among npu_compat's modules: " + "; ".join(
+        " -> ".join(circle) for circle in circles
+    )
+
+
+def test_a_circle_is_found_through_a_function_level_import_and_not_through_type_checking(
+    tmp_path: Path,
+) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def later():\n    from .c import thing\n")
+    (pkg / "c.py").write_text("import pkg.a\nthing = 1\n")
+    (pkg / "d.py").write_text("TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from . import e\n")
+    (pkg / "e.py").write_text("from .d import TYPE_CHECKING\nimport pkg\n")
+    assert import_circles(pkg) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
