@@ -7,8 +7,9 @@ vllm-ascend 0.23.0.post1 (and of 0.18.0, which lacks ``ray_noset_device_env_vars
 inherits vLLM's empty default).  Like the real class it subclasses vLLM's ``Platform``
 with ``_enum = PlatformEnum.OOT``; subclassing registers nothing, and this stand-in is no
 platform plugin (see ``vllm_ascend``), so vLLM's ``current_platform`` never becomes it.
-Of the real class methods two are mirrored: ``manual_seed_all`` (0.23.0.post1; a no-op there too,
-and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``) and, of
+Of the real class methods three are mirrored: ``manual_seed_all`` (0.23.0.post1; a no-op there too,
+and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``), ``is_sleep_mode_available``
+(0.23.0.post1: True, so that vLLM accepts ``enable_sleep_mode``) and, of
 ``check_and_update_config``, the worker selection alone (``worker_cls="auto"`` becomes
 vllm-ascend's ``NPUWorker``; the 310P and Xlite workers are not simulated).  The rest (config
 checks and updates, attention backends, device communicator) is not simulated.
@@ -50,6 +51,9 @@ class NPUPlatform(Platform):
         @classmethod
         def manual_seed_all(cls, seed: int) -> None:
             pass
+
+        def is_sleep_mode_available(self) -> bool:
+            return True
 
     #: Not in the real class: marks the stand-in.
     SIMULATED = True
