@@ -69,6 +69,7 @@ REAL_0_23_0_POST1 = {
     'vllm_ascend.platform:NPUPlatform.manual_seed_all': '(seed: int) -> None',
     'vllm_ascend.platform:NPUPlatform.check_and_update_config': '(vllm_config: VllmConfig) -> None',
     'vllm_ascend.platform:NPUPlatform.is_sleep_mode_available': '(self) -> bool',
+    'vllm_ascend.platform:NPUPlatform.set_device': '(device: torch.device)',
     'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__': '(self, vllm_config: VllmConfig, device: torch.device)',
     'vllm_ascend.worker.model_runner_v1:NPUModelRunner.get_model': '(self) -> nn.Module',
     'vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model': "(self, scheduler_output: 'SchedulerOutput', intermediate_tensors: IntermediateTensors | None=None) -> ModelRunnerOutput | IntermediateTensors | None",
