@@ -1,7 +1,8 @@
 """The vllm-ascend stand-in's ``NPUModelRunner`` generating under vLLM's own engine, on a simulated Ascend.
 
-One vLLM engine (``LLM(model=<tiny Qwen2>, enforce_eager=True)``, the engine core in its own
-process, as vLLM runs it) is started once for the module, in a fresh interpreter on a simulated
+One vLLM engine (``LLM(model=<tiny Qwen2>, enforce_eager=True)``, the engine core and the
+worker each in its own process, with async scheduling, as Trinity runs it) is started once for
+the module, in a fresh interpreter on a simulated
 Ascend host whose vLLM platform plugin is the stand-in ``vllm_ascend`` (declared by
 ``tests/e2e/_platform_site``, as the real wheel declares it).  The child prints what it saw; each
 test checks one part against transformers computing on the same model directory.
@@ -44,8 +45,10 @@ new_weights = os.path.join(work, "new_weights.pt")
 torch.save(updated.state_dict(), new_weights)
 
 from vllm import LLM, SamplingParams
+# the multiprocess executor with async scheduling, as Trinity runs vLLM (worker in its own process)
 llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=64, seed=0,
-          gpu_memory_utilization=0.3, enable_sleep_mode=True)
+          gpu_memory_utilization=0.3, enable_sleep_mode=True, distributed_executor_backend="mp",
+          async_scheduling=True)
 prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
 out = {"prompts": prompts}
 
