@@ -1,5 +1,5 @@
 # Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
-# mypy: disable-error-code="import-not-found,misc"
+# mypy: disable-error-code="import-not-found,misc,no-untyped-def"
 """SIMULATED vllm_ascend.platform (npu_compat.testing) -- not Huawei's vllm-ascend.
 
 Mirrors the class attributes of ``NPUPlatform`` in ``vllm_ascend/platform.py`` of
