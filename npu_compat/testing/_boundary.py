@@ -1,13 +1,17 @@
 """Where the simulated Ascend stops: the compute boundary, and the device tensors really use.
 
 The ``vllm_ascend`` stand-ins in ``_sim_site`` do the bookkeeping of the real package for
-real -- configuration, registration, process groups, collectives on CPU tensors -- and
-stop where the real code needs an NPU to compute or to hold memory.  There they raise
-:class:`SimulatedComputeBoundary` (made by :func:`needs_npu`), whose message names the
-method: ``simulated Ascend: <method> needs a real NPU``.
+real -- configuration, registration, process groups, collectives on CPU tensors -- and their
+``NPUModelRunner`` generates for real (a transformers model, recomputing each sequence; see
+``vllm_ascend.worker.model_runner_v1``).  They stop where the real code needs an NPU for what
+the simulation does not do (graph capture, ATB kernels, the torch_npu profiler, LoRA,
+speculative decoding, parallelism).  There they raise :class:`SimulatedComputeBoundary`
+(made by :func:`needs_npu`), whose message names the method: ``simulated Ascend: <method>
+needs a real NPU``.
 
-Under the simulation ``torch.device("npu:0")`` parses but no tensor can be allocated on
-it; :func:`host_device` is the device a stand-in allocates on instead (the CPU).
+Where ``torch.device("npu:0")`` parses but no tensor can be allocated on it,
+:func:`host_device` is the device a stand-in allocates on instead (the CPU); the runner
+places its model on ``npu`` itself once it can (``placement_device``).
 """
 
 from __future__ import annotations

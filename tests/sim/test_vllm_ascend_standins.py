@@ -68,6 +68,18 @@ REAL_0_23_0_POST1 = {
     'vllm_ascend:register_model': '()',
     'vllm_ascend.platform:NPUPlatform.manual_seed_all': '(seed: int) -> None',
     'vllm_ascend.platform:NPUPlatform.check_and_update_config': '(vllm_config: VllmConfig) -> None',
+    'vllm_ascend.platform:NPUPlatform.is_sleep_mode_available': '(self) -> bool',
+    'vllm_ascend.platform:NPUPlatform.set_device': '(device: torch.device)',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__': '(self, vllm_config: VllmConfig, device: torch.device)',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.get_model': '(self) -> nn.Module',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model': "(self, scheduler_output: 'SchedulerOutput', intermediate_tensors: IntermediateTensors | None=None) -> ModelRunnerOutput | IntermediateTensors | None",
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens': "(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | AsyncModelRunnerOutput | IntermediateTensors",
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.profile_run': '(self) -> None',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.load_model': '(self) -> None',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache': '(self, kv_cache_config: KVCacheConfig) -> None',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.may_reinitialize_input_batch': '(self, kv_cache_config: KVCacheConfig) -> None',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.get_kv_cache_spec': '(self) -> dict[str, KVCacheSpec]',
+    'vllm_ascend.worker.model_runner_v1:NPUModelRunner.capture_model': '(self) -> int',
     'vllm_ascend.worker.worker:NPUWorker.__init__': '(self, vllm_config: VllmConfig, local_rank: int, rank: int, distributed_init_method: str, is_driver_worker: bool=False, **kwargs)',
     'vllm_ascend.worker.worker:NPUWorker.uninstall_static_kernel': '(self)',
     'vllm_ascend.worker.worker:NPUWorker.sleep': '(self, level: int=1) -> None',
@@ -231,7 +243,9 @@ SIGNATURE_CHECK = """
 import dataclasses, importlib, inspect, json
 import vllm_ascend
 
-PARTIAL = {"NPUIPCWeightTransferEngine"}  # boundary stand-in: only its constructor is recorded
+# boundary stand-in: only its constructor is recorded; the runner: the methods its callers use
+# (the real one subclasses vLLM's GPUModelRunner and inherits or overrides a hundred more)
+PARTIAL = {"NPUIPCWeightTransferEngine", "NPUModelRunner"}
 problems, classes = [], {}
 for key, text in RECORD.items():
     modname, qual = key.split(":")
@@ -369,14 +383,19 @@ def test_stand_ins_import_under_the_simulation_and_register_no_plugin() -> None:
 
 
 WORKER = """
-import json, os
+import json, os, tempfile
 import torch
-from vllm.config import CacheConfig, DeviceConfig, VllmConfig
+from transformers import Qwen2Config
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
 from vllm_ascend.worker.worker import NPUWorker
 from npu_compat.testing._boundary import SimulatedComputeBoundary
 
-# A CPU VllmConfig without a model: cache_dtype is given so that the constructor does not read the model's dtype.
-config = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(cache_dtype="fp8"))
+# A model directory with only a config (the runner reads the KV-cache layout from it; no weights are loaded).
+model_dir = tempfile.mkdtemp()
+Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, architectures=["Qwen2ForCausalLM"]).save_pretrained(model_dir)
+config = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32"),
+                    device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(cache_dtype="fp8"))
 worker = NPUWorker(config, local_rank=1, rank=1, distributed_init_method="tcp://127.0.0.1:1", extra="ignored")
 out = {"rank": [worker.rank, worker.local_rank], "cache_dtype": str(worker.cache_dtype), "device": worker.device,
        "wt_methods": hasattr(worker, "init_weight_transfer_engine")}
@@ -391,7 +410,7 @@ def outcome(call):
         return f"{type(e).__name__}: {e}"
 
 out["load_model"] = outcome(worker.load_model)  # no init_device yet: no model runner at all
-# init_device as a real rank 0 of a world of one: the device set, the groups formed, the runner a boundary
+# init_device as a real rank 0 of a world of one: the device set, the groups formed, the model runner built
 import torch.distributed as dist
 from vllm.distributed.parallel_state import get_tp_group
 first = NPUWorker(config, local_rank=1, rank=0, distributed_init_method="tcp://127.0.0.1:@PORT@")
@@ -403,12 +422,11 @@ out["after_init_device"] = {
     "backend": dist.get_backend(), "world": dist.get_world_size(), "tp": get_tp_group().world_size,
     "set_device_calls": torch.npu.call_count("set_device"),
 }
-out["runner"] = outcome(first.get_supported_tasks)  # delegates to the model runner
-out["sleep"] = outcome(worker.sleep)
-out["execute_model"] = outcome(lambda: worker.execute_model(None))
+out["runner"] = type(first.model_runner).__name__
+out["tasks"] = first.get_supported_tasks()  # delegates to the model runner
+out["kv_cache_spec"] = {name: [type(spec).__name__, spec.block_size, spec.num_kv_heads, spec.head_size, str(spec.dtype)]
+                        for name, spec in first.get_kv_cache_spec().items()}
 out["wake_up"] = outcome(worker.wake_up)                          # VLLM_ASCEND_ENABLE_NZ defaults to 1
-os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
-out["wake_up_nz0"] = outcome(worker.wake_up)
 out["initialize_cache"] = outcome(lambda: worker.initialize_cache(8, 4))
 out["blocks"] = [config.cache_config.num_gpu_blocks, config.cache_config.num_cpu_blocks]
 out["profile"] = outcome(worker.profile)
@@ -419,22 +437,25 @@ print(json.dumps(out))
 """
 
 
-def test_npu_worker_does_the_bookkeeping_and_stops_at_the_compute_boundary() -> None:
-    out = sim_child(WORKER.replace("@PORT@", str(free_port())))
+def test_npu_worker_does_the_bookkeeping_and_builds_the_model_runner() -> None:
+    """Generation itself (load_model, execute_model, sleep): ``tests/sim/test_npu_model_runner.py``."""
+    # vLLM's platform is the stand-in's, as the real wheel's plugin makes it (set_random_seed calls it)
+    platform_site = str(REPO / "tests" / "e2e" / "_platform_site")
+    code = WORKER.replace("@PORT@", str(free_port()))
+    out: Any = last_json(run_py(code, env=sim_env(), pythonpath=[str(SIM_SITE), platform_site], timeout=180))
     assert out["rank"] == [1, 1] and out["device"] is None
     assert out["cache_dtype"] == "torch.uint8"  # vLLM's STR_DTYPE_TO_TORCH_DTYPE["fp8"]
-    for method in ("load_model", "sleep", "execute_model", "wake_up_nz0"):
-        assert out[method].startswith(
-            f"boundary: simulated Ascend: {method.removesuffix('_nz0')} needs a real NPU"
-        )
-    # a real rank: init_device does its bookkeeping for real and returns; the model runner is the boundary
+    # before init_device there is no model runner to load with
+    assert out["load_model"].startswith("boundary: simulated Ascend: load_model needs a real NPU")
+    # a real rank: init_device does its bookkeeping for real and builds the (simulated) NPUModelRunner
     assert out["init_device_rank0"] == "ok"
     assert out["after_init_device"] == {
         "device": "npu:1", "current": 1, "backend": "hccl", "world": 1, "tp": 1, "set_device_calls": 1,
     }  # fmt: skip
-    assert out["runner"].startswith(
-        "boundary: simulated Ascend: NPUModelRunner.get_supported_tasks needs a real NPU"
-    )
+    assert out["runner"] == "NPUModelRunner" and out["tasks"] == ["generate"]
+    # one full-attention layer spec per decoder layer, from the HF config; fp8 cache dtype as uint8
+    spec = ["FullAttentionSpec", 16, 1, 16, "torch.uint8"]
+    assert out["kv_cache_spec"] == {f"model.layers.{i}.self_attn.attn": spec for i in range(2)}
     # as the real one: wake_up refuses FRACTAL_NZ weights before touching NPU memory
     fix = "weight_nz_mode=0 via --additional-config" if V023 else "VLLM_ASCEND_ENABLE_NZ=0"
     assert out["wake_up"] == (
@@ -686,10 +707,10 @@ print(json.dumps(out))
 def test_hccl_weight_transfer_moves_named_tensors_across_two_processes() -> None:
     """trainer_init / trainer_send_weights -> HCCLWeightTransferEngine (and NPUWorker) receive side.
 
-    Stops short of the checkpoint-format path (``start_weight_update(is_checkpoint_format=True)``):
-    that runs vLLM's layerwise reload on a model loaded by vLLM's model loader, which needs
-    the NPU model runner -- the compute boundary.  The direct path (``False``) copies into
-    the parameters of a CPU model attached where ``init_device`` would put the model runner.
+    The direct path (``start_weight_update(is_checkpoint_format=False)``) copies into the
+    parameters of a small model attached where ``init_device`` puts the model runner.  The
+    checkpoint-format path (vLLM's layerwise reload into the runner's loaded model) is run by
+    ``tests/sim/test_npu_model_runner.py``.
     """
     ports = {"PORT1": str(free_port()), "PORT2": str(free_port())}
 

@@ -1,5 +1,5 @@
 # Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
-# mypy: disable-error-code="import-not-found,misc"
+# mypy: disable-error-code="import-not-found,misc,no-untyped-def"
 """SIMULATED vllm_ascend.platform (npu_compat.testing) -- not Huawei's vllm-ascend.
 
 Mirrors the class attributes of ``NPUPlatform`` in ``vllm_ascend/platform.py`` of
@@ -7,8 +7,10 @@ vllm-ascend 0.23.0.post1 (and of 0.18.0, which lacks ``ray_noset_device_env_vars
 inherits vLLM's empty default).  Like the real class it subclasses vLLM's ``Platform``
 with ``_enum = PlatformEnum.OOT``; subclassing registers nothing, and this stand-in is no
 platform plugin (see ``vllm_ascend``), so vLLM's ``current_platform`` never becomes it.
-Of the real class methods two are mirrored: ``manual_seed_all`` (0.23.0.post1; a no-op there too,
-and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``) and, of
+Of the real class methods four are mirrored: in 0.23.0.post1 ``manual_seed_all`` (a no-op there
+too, and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``),
+``is_sleep_mode_available`` (True, so that vLLM accepts ``enable_sleep_mode``) and ``set_device``
+(``torch.npu.set_device``, what vLLM's multiprocess executor calls in its output thread); and, of
 ``check_and_update_config``, the worker selection alone (``worker_cls="auto"`` becomes
 vllm-ascend's ``NPUWorker``; the 310P and Xlite workers are not simulated).  The rest (config
 checks and updates, attention backends, device communicator) is not simulated.
@@ -16,6 +18,7 @@ checks and updates, attention backends, device communicator) is not simulated.
 
 from typing import TYPE_CHECKING
 
+import torch
 from vllm.platforms import Platform, PlatformEnum
 
 from ._version import PAIRS_WITH_VLLM_0_23
@@ -50,6 +53,13 @@ class NPUPlatform(Platform):
         @classmethod
         def manual_seed_all(cls, seed: int) -> None:
             pass
+
+        def is_sleep_mode_available(self) -> bool:
+            return True
+
+        @classmethod
+        def set_device(cls, device: torch.device):
+            torch.npu.set_device(device)
 
     #: Not in the real class: marks the stand-in.
     SIMULATED = True

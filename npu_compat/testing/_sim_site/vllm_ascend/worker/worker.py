@@ -1,5 +1,6 @@
 # Mirrors upstream signatures as they are (some unannotated); vLLM ships no stubs for mypy here.
 # mypy: disable-error-code="import-not-found,misc,no-any-return,no-untyped-def,type-arg,no-untyped-call"
+# mypy: disable-error-code="untyped-decorator"
 """SIMULATED vllm_ascend.worker.worker (npu_compat.testing) -- not Huawei's vllm-ascend.
 
 Mirrors ``NPUWorker`` of ``vllm_ascend/worker/worker.py`` in vllm-ascend 0.23.0.post1
@@ -24,15 +25,21 @@ weight-transfer engine through vLLM's ``WeightTransferEngineFactory``, and
 ``npu:N`` device mapped to the CPU.  Delegations to ``self.model_runner`` are kept.
 
 ``init_device`` sets the device, checks the (simulated) free memory, and forms the world and
-model-parallel groups on the ``hccl`` backend (Gloo underneath) as the real one does; the
-``NPUModelRunner`` it would then build holds its buffers on the NPU, so it puts a placeholder
-there whose first use is the boundary (normally the next call, ``load_model``).
+model-parallel groups on the ``hccl`` backend (Gloo underneath) as the real one does, then
+builds the stand-in ``NPUModelRunner`` (``model_runner_v1``), which generates for real: from
+there ``load_model``, ``get_kv_cache_spec``, ``determine_available_memory`` (on ``torch.npu``'s
+memory statistics), ``initialize_from_config``, ``compile_or_warm_up_model`` (eager warm-up),
+``execute_model`` / ``sample_tokens``, ``execute_dummy_batch``, ``profile_prefill_latency``,
+the weight updates (both formats, vLLM's layerwise reload for the checkpoint format) and
+``sleep`` / ``wake_up`` (levels 1 and 2, the runner freeing and restoring its tensors instead of
+vllm-ascend's CaMemAllocator) run on the CPU, or on ``npu`` tensors once they can be allocated.
+What the runner does not simulate is listed in its module.
 
-Where it stops (``SimulatedComputeBoundary``, "simulated Ascend: <method> needs a real
-NPU"): any use of the model runner ``init_device`` left (``NPUModelRunner.<name>``; a test may
-attach a CPU runner instead), ``load_model`` while there is no model runner at all,
-``sleep``/``wake_up`` (CaMemAllocator), memory profiling, model execution, warm-up and graph
-capture, KV-cache allocation, the torch_npu profiler.
+Where it stops (``SimulatedComputeBoundary``, "simulated Ascend: <method> needs a real NPU"):
+``load_model`` before ``init_device`` (no model runner), ``compile_or_warm_up_model`` without
+``enforce_eager`` (ACL graph capture, ``torch.compile``), ``_warm_up_atb`` (an ATB matmul), the
+torch_npu profiler, static kernels, and the runner's own boundaries (LoRA, speculative
+decoding, parallelism, ...).
 Not simulated at all: ``adapt_patch()`` (vllm-ascend's patches to vLLM), custom-op and ATB
 registration, the Ascend config and SoC checks, CPU binding, static-kernel signal handlers.
 """
@@ -69,6 +76,7 @@ from npu_compat.testing._boundary import host_device, needs_npu
 
 from .. import envs as envs_ascend
 from .._version import PAIRS_WITH_VLLM_0_23, VLLM_VERSION
+from .model_runner_v1 import NPUModelRunner
 
 # The real module imports torch_npu (and its ATB extensions and profiler) at the top.
 torch_npu = importlib.import_module("torch_npu")
@@ -80,19 +88,6 @@ if PAIRS_WITH_VLLM_0_23:
         KVConnectorHandshakeMetadata,
     )
     from vllm.v1.worker.worker_base import CompilationTimes
-
-_NO_CA_MEM = "sleep mode's CaMemAllocator manages NPU memory"
-
-
-class _ModelRunnerBoundary:
-    """Where ``init_device`` puts the ``NPUModelRunner``: every use of it is the compute boundary."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise needs_npu(
-            f"NPUModelRunner.{name}", "the model runner holds its buffers and the model on the NPU"
-        )
 
 
 _NZ_MESSAGE = (
@@ -107,6 +102,20 @@ def _weight_nz_mode(vllm_config: VllmConfig) -> object:
     if "weight_nz_mode" in additional_config:
         return additional_config["weight_nz_mode"]
     return envs_ascend.VLLM_ASCEND_ENABLE_NZ
+
+
+def _warm_up(worker: "NPUWorker") -> None:
+    """``compile_or_warm_up_model``'s eager warm-up runs; graph capture (not eager) is the boundary."""
+    if not worker.model_config.enforce_eager:
+        raise needs_npu(
+            "compile_or_warm_up_model", "ACL graph capture and torch.compile; use enforce_eager=True"
+        )
+    warmup_sizes = (worker.vllm_config.compilation_config.compile_sizes or []).copy()
+    for size in sorted((s for s in warmup_sizes if isinstance(s, int)), reverse=True):
+        logger.info("Compile and warming up model for size %d", size)
+        worker.model_runner._dummy_run(size)
+    # The real one then warms up an ATB matmul (_warm_up_atb) and may bind CPUs: not simulated.
+    set_random_seed(worker.model_config.seed)
 
 
 class NPUWorker(WorkerBase):
@@ -187,7 +196,23 @@ class NPUWorker(WorkerBase):
         raise needs_npu("uninstall_static_kernel", "static kernels of an Ascend toolkit")
 
     def sleep(self, level: int = 1) -> None:
-        raise needs_npu("sleep", _NO_CA_MEM)
+        # The real one frees through vllm-ascend's CaMemAllocator (tagged pools); the simulated
+        # runner frees and restores its own tensors (see model_runner_v1).
+        free_bytes_before_sleep = torch.npu.mem_get_info()[0]
+        if level == 2:
+            model = self.model_runner.model
+            self._sleep_saved_buffers = {name: buffer.cpu().clone() for name, buffer in model.named_buffers()}
+        self.model_runner._sleep(level)
+        free_bytes_after_sleep, total = torch.npu.mem_get_info()
+        freed_bytes = free_bytes_after_sleep - free_bytes_before_sleep
+        used_bytes = total - free_bytes_after_sleep
+        assert freed_bytes >= 0, "Memory usage increased after sleeping."
+        logger.info(
+            "Sleep mode (level=%s) freed %.2f GiB memory, %.2f GiB memory is still in use.",
+            level,
+            freed_bytes / (1 << 30),
+            used_bytes / (1 << 30),
+        )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         if PAIRS_WITH_VLLM_0_23:
@@ -195,7 +220,15 @@ class NPUWorker(WorkerBase):
                 raise ValueError(_NZ_MESSAGE.format(fix="weight_nz_mode=0 via --additional-config"))
         elif envs_ascend.VLLM_ASCEND_ENABLE_NZ:
             raise ValueError(_NZ_MESSAGE.format(fix="VLLM_ASCEND_ENABLE_NZ=0"))
-        raise needs_npu("wake_up", _NO_CA_MEM)
+        self.model_runner._wake_up(tags)
+        model = self.model_runner.model
+        # Restore the buffers after level 2 sleep
+        saved = getattr(self, "_sleep_saved_buffers", {})
+        if saved and (tags is None or "weights" in tags):
+            for name, buffer in model.named_buffers():
+                if name in saved:
+                    buffer.data.copy_(saved[name].data)
+            self._sleep_saved_buffers = {}
 
     if PAIRS_WITH_VLLM_0_23:
 
@@ -355,13 +388,33 @@ class NPUWorker(WorkerBase):
 
     def init_device(self):
         self.device = self._init_device()
-        # The real NPUModelRunner allocates its input buffers on the NPU in its constructor; the
-        # stand-in stops at its first use instead, so that what a worker subclass does before it
-        # (Trinity's load_model registers its weight-transfer engine) still runs.
-        self.model_runner = _ModelRunnerBoundary()
+        # The real one also initialises vLLM's workspace manager on the NPU: not simulated.
+        self.init_free_memory, self.init_total_memory = torch.npu.mem_get_info()
+        self.model_runner = NPUModelRunner(self.vllm_config, self.device)
 
+    @torch.inference_mode()
     def determine_available_memory(self) -> int:
-        raise needs_npu("determine_available_memory", "profiling NPU memory")
+        """The real one's budget on the simulated device's numbers (``torch.npu`` memory statistics).
+
+        ``gpu_memory_utilization`` of the device's total, less the weights and the peak that a
+        profiling forward pass adds, capped at the KV cache the scheduler can ever fill
+        (``max_num_seqs`` sequences of ``max_model_len``): the simulated runner allocates the
+        cache but does not read it, and a budget of the whole device would only make the
+        engine's block pool huge.
+        """
+        if kv_cache_memory_bytes := self.cache_config.kv_cache_memory_bytes:
+            self.model_runner.profile_run()
+            return kv_cache_memory_bytes
+        torch.npu.reset_peak_memory_stats()
+        before = torch.npu.memory_allocated()
+        self.model_runner.profile_run()
+        peak_increase = max(0, torch.npu.max_memory_allocated() - before)
+        non_kv_cache_memory = self.model_runner.model_memory_usage + peak_increase
+        available = int(self.requested_memory - non_kv_cache_memory)
+        available = min(available, self.model_runner.max_kv_cache_bytes())
+        self.available_kv_cache_memory_bytes = available
+        logger.info("Available KV cache memory: %.4f GiB (simulated Ascend)", available / (1 << 30))
+        return available
 
     if PAIRS_WITH_VLLM_0_23:
 
@@ -381,17 +434,21 @@ class NPUWorker(WorkerBase):
         self,
         scheduler_output: "SchedulerOutput",
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
-        raise needs_npu("execute_model", "model execution")
+        if PAIRS_WITH_VLLM_0_23:
+            self.log_memory_stats()
+        # One rank only (the runner refuses pipeline parallelism): no intermediate tensors.
+        return self.model_runner.execute_model(scheduler_output, None)
 
+    @torch.inference_mode()
     def sample_tokens(self, grammar_output: "GrammarOutput") -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        raise needs_npu("sample_tokens", "model execution")
+        return self.model_runner.sample_tokens(grammar_output)
 
     def load_model(self) -> None:
-        if self.model_runner is None:
+        if getattr(self, "model_runner", None) is None:
             raise needs_npu("load_model", "the NPUModelRunner that loads the weights comes from init_device")
-        if self.vllm_config.model_config.enable_sleep_mode:
-            raise needs_npu("load_model", _NO_CA_MEM)
 
+        # The real one loads inside CaMemAllocator's "weights" pool in sleep mode: not simulated
+        # (the simulated runner frees and restores its own tensors).
         from contextlib import nullcontext
 
         with nullcontext(), set_current_vllm_config(self.vllm_config):
@@ -412,12 +469,17 @@ class NPUWorker(WorkerBase):
     if PAIRS_WITH_VLLM_0_23:
 
         def compile_or_warm_up_model(self) -> CompilationTimes:
-            raise needs_npu("compile_or_warm_up_model", "warm-up runs and graph capture")
+            _warm_up(self)
+            return CompilationTimes(
+                language_model=self.vllm_config.compilation_config.compilation_time,
+                encoder=getattr(self.vllm_config.compilation_config, "encoder_compilation_time", 0.0),
+            )
 
     else:
 
         def compile_or_warm_up_model(self) -> float:
-            raise needs_npu("compile_or_warm_up_model", "warm-up runs and graph capture")
+            _warm_up(self)
+            return self.vllm_config.compilation_config.compilation_time
 
     def _warm_up_atb(self):
         raise needs_npu("_warm_up_atb", "an ATB matmul")
@@ -427,8 +489,16 @@ class NPUWorker(WorkerBase):
 
     if PAIRS_WITH_VLLM_0_23:
 
+        @torch.inference_mode()
         def profile_prefill_latency(self, num_tokens: int) -> float:
-            raise needs_npu("profile_prefill_latency", "a model forward pass")
+            import time
+
+            num_tokens = max(min(num_tokens, self.scheduler_config.max_num_batched_tokens), 1)
+            torch.npu.synchronize()
+            start = time.perf_counter()
+            self.model_runner._dummy_run(num_tokens=num_tokens, force_attention=True, profile_cpp=True)
+            torch.npu.synchronize()
+            return (time.perf_counter() - start) * 1000
 
         def get_kv_connector_handshake_metadata(
             self,
@@ -477,7 +547,11 @@ class NPUWorker(WorkerBase):
         logger.debug("Updated max_model_len to %s", max_model_len)
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
-        raise needs_npu("initialize_from_config", "allocating the KV cache on the NPU")
+        """Allocate the (simulated) NPU KV cache with the specified kv_cache_config."""
+        from vllm.distributed.kv_transfer import ensure_kv_transfer_initialized
+
+        ensure_kv_transfer_initialized(self.vllm_config, kv_cache_config)
+        self.model_runner.initialize_kv_cache(kv_cache_config)
 
     def profile(self, is_start: bool = True, profile_prefix: str | None = None):
         # Check if profiling is enabled (RFC #6954 - align with upstream vLLM)
@@ -509,7 +583,7 @@ class NPUWorker(WorkerBase):
         self.model_runner.reset_encoder_cache()
 
     def execute_dummy_batch(self) -> None:
-        raise needs_npu("execute_dummy_batch", "model execution")
+        self.model_runner._dummy_run(num_tokens=self.model_runner.decode_token_per_req, uniform_decode=True)
 
     if not PAIRS_WITH_VLLM_0_23:
 
