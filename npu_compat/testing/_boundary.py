@@ -1,13 +1,18 @@
 """Where the simulated Ascend stops: the compute boundary, and the device tensors really use.
 
-The ``vllm_ascend`` stand-ins in ``_sim_site`` do the bookkeeping of the real package for
-real -- configuration, registration, process groups, collectives on CPU tensors -- and
-stop where the real code needs an NPU to compute or to hold memory.  There they raise
+``npu`` tensors compute under the simulation (host memory, from the C++ backend of
+``_npu_backend``).  What still needs Ascend's own kernels does not: the fused
+``torch_npu.npu_*`` kernels, the ``vllm_ascend`` model runner.  The ``vllm_ascend``
+stand-ins in ``_sim_site`` do the bookkeeping of the real package for real --
+configuration, registration, process groups, collectives -- and stop there, raising
 :class:`SimulatedComputeBoundary` (made by :func:`needs_npu`), whose message names the
-method: ``simulated Ascend: <method> needs a real NPU``.
+method: ``simulated Ascend: <method> needs a real NPU``.  Where the backend cannot be
+built (no compiler, no ninja), every operator on an ``npu`` tensor is the boundary, with
+that reason.
 
-Under the simulation ``torch.device("npu:0")`` parses but no tensor can be allocated on
-it; :func:`host_device` is the device a stand-in allocates on instead (the CPU).
+:func:`host_device` is the device a stand-in allocates on (the CPU), and
+:func:`npu_on_host` serves requests for ``npu`` memory on the host for code driven
+without the backend.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def _is_npu(device: Any) -> bool:
 def npu_on_host() -> Iterator[list[str]]:
     """Let tensors meant for the NPU live on the host, and record every such request.
 
-    Under the simulation no tensor can be allocated on ``npu``; inside this context a
+    Without the npu backend no tensor can be allocated on ``npu``; inside this context a
     ``device=`` argument naming ``npu``/``npu:N`` (a factory such as ``torch.empty``, or
     ``Tensor.to``), or a bare index where torch reads it as an ``npu`` index (as in
     ``module.to(torch.npu.current_device())``), is served on the CPU instead -- the same
