@@ -221,3 +221,33 @@ def test_without_a_compiler_npu_tensors_are_the_boundary_and_say_what_to_install
         "needs a real NPU" in out["error"][1] and "'no-such-c++-compiler' is not on PATH" in out["error"][1]
     )
     assert len(out["warnings"]) == 1 and "install g++ or clang++" in out["warnings"][0]
+
+
+@needs_backend
+def test_processes_starting_at_once_build_the_backend_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ray workers and vLLM children import torch together on a fresh host: one builds, all load."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.sim.npu_backend import child_env
+
+    code = (
+        "import json, torch; from npu_compat.testing import _npu_backend as b, _torch_sim as s; "
+        "print(json.dumps([b.built_here, s.NATIVE.__file__, str(torch.ones(1, device='npu').device)]))"
+    )
+    env = child_env(NPU_COMPAT_SIMULATE_BUILD_DIR=str(tmp_path / "cache"))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]  # fmt: skip
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-4000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(built for built, _, _ in outs) == [False, False, True]
+    assert len({path for _, path, _ in outs}) == 1 and outs[0][1].startswith(str(tmp_path / "cache"))
+    assert {device for _, _, device in outs} == {"npu:0"}

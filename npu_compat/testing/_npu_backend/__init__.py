@@ -36,6 +36,8 @@ CFLAGS = ("-O2",)
 _module: types.ModuleType | None = None
 _failure: str | None = None
 _tried = False
+#: True in the one process that compiled the backend (the others waited for it, then loaded it).
+built_here = False
 
 
 def cache_root() -> Path:
@@ -110,6 +112,7 @@ def _import(so: Path) -> types.ModuleType:
 
 
 def _build(where: Path) -> types.ModuleType:
+    global built_here
     from torch.utils import cpp_extension
 
     ninja = _ninja()
@@ -121,6 +124,7 @@ def _build(where: Path) -> types.ModuleType:
         NAME, [str(s) for s in sources()], extra_cflags=list(CFLAGS), build_directory=str(where)
     )
     (where / "built").write_text(f"{time.monotonic() - started:.1f} s\n")
+    built_here = True
     return module
 
 
