@@ -80,10 +80,15 @@ def engine(session: nox.Session) -> None:
 
 
 def _install_stack(session: nox.Session, pins: str) -> None:
-    """The pinned stack ``stacks/<pins>`` and npu-compat itself, both with ``--no-deps``."""
+    """The pinned stack ``stacks/<pins>`` and npu-compat itself, both with ``--no-deps``.
+
+    Plus ninja: the simulated NPU's C++ backend is compiled with it (and the host's C++
+    compiler) on first use; without either the simulation stops at its compute boundary.
+    """
     # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
     strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
     session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
+    session.install("ninja")
     session.install("--no-deps", ".")
 
 

@@ -50,6 +50,14 @@ SIMULATE = "NPU_COMPAT_SIMULATE"
 #: Number of simulated NPUs (default 2).
 SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
 
+#: Memory of each simulated NPU: bytes, or a number with ``KiB``/``MiB``/``GiB`` (default
+#: ``64GiB``, as an Ascend 910B3).  Allocating past it raises ``torch.OutOfMemoryError``.
+SIMULATE_NPU_MEMORY = "NPU_COMPAT_SIMULATE_NPU_MEMORY"
+
+#: Where the simulated NPU's C++ backend is compiled and cached (default
+#: ``$XDG_CACHE_HOME/npu_compat``, else ``~/.cache/npu_compat``).
+SIMULATE_BUILD_DIR = "NPU_COMPAT_SIMULATE_BUILD_DIR"
+
 #: ``0`` stops activation at interpreter start (the ``npu_compat.pth`` line and the
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
 #: and the vLLM plugin still activate.  For code that calls ``activate()`` itself

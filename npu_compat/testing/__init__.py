@@ -1,14 +1,16 @@
 """A simulated Ascend host, for npu-compat's tests and for users' own CI.
 
-Nothing here can run a model on an NPU.  It makes a process -- and every child
+Nothing here runs on a real NPU.  It makes a process -- and every child
 process that inherits its environment -- look like an Ascend host to npu-compat and to
 the upstream code:
 
 * a ``torch_npu`` stand-in that is findable by name and auto-loaded by ``import torch``
   (through the same ``torch.backends`` entry point as the real one);
 * ``torch.npu``: PrivateUse1 renamed to ``npu`` (``torch.device("npu:0")`` parses) and the
-  device functions upstream code calls, CPU-backed, every call recorded;
-* an ``hccl`` torch.distributed backend that builds a real Gloo group, so collectives run;
+  device functions upstream code calls, every call recorded; ``npu`` tensors in host memory
+  that compute (a C++ backend compiled on first use; see ``_npu_backend``);
+* an ``hccl`` torch.distributed backend that builds a real Gloo group, so collectives run
+  (on ``npu`` tensors too);
 * ``ASCEND_RT_VISIBLE_DEVICES`` and ``ASCEND_TOOLKIT_HOME`` set.
 
 ``torch.cuda.is_available()`` stays False.  Switch it on with :func:`simulated_ascend`

@@ -1,17 +1,21 @@
 """Where the simulated Ascend stops: the compute boundary, and the device tensors really use.
 
-The ``vllm_ascend`` stand-ins in ``_sim_site`` do the bookkeeping of the real package for
-real -- configuration, registration, process groups, collectives on CPU tensors -- and their
-``NPUModelRunner`` generates for real (a transformers model, recomputing each sequence; see
-``vllm_ascend.worker.model_runner_v1``).  They stop where the real code needs an NPU for what
-the simulation does not do (graph capture, ATB kernels, the torch_npu profiler, LoRA,
+``npu`` tensors compute under the simulation (host memory, from the C++ backend of
+``_npu_backend``), and so do the fused ``torch_npu.npu_*`` kernels that transformers and verl
+call (``_npu_kernels``).  The ``vllm_ascend`` stand-ins in ``_sim_site`` do the bookkeeping of
+the real package for real -- configuration, registration, process groups, collectives -- and
+their ``NPUModelRunner`` generates for real (a transformers model, recomputing each sequence;
+see ``vllm_ascend.worker.model_runner_v1``).  They stop where the real code needs an NPU for
+what the simulation does not do (graph capture, ATB kernels, the torch_npu profiler, LoRA,
 speculative decoding, parallelism).  There they raise :class:`SimulatedComputeBoundary`
 (made by :func:`needs_npu`), whose message names the method: ``simulated Ascend: <method>
-needs a real NPU``.
+needs a real NPU``.  Where the backend cannot be built (no compiler, no ninja), every
+operator on an ``npu`` tensor is the boundary, with that reason.
 
-Where ``torch.device("npu:0")`` parses but no tensor can be allocated on it,
-:func:`host_device` is the device a stand-in allocates on instead (the CPU); the runner
-places its model on ``npu`` itself once it can (``placement_device``).
+:func:`host_device` is the device a stand-in allocates on where no ``npu`` tensor can be
+allocated (the CPU); the runner places its model on ``npu`` itself once it can
+(``placement_device``).  :func:`npu_on_host` serves requests for ``npu`` memory on the host
+for code driven without the backend.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def _is_npu(device: Any) -> bool:
 def npu_on_host() -> Iterator[list[str]]:
     """Let tensors meant for the NPU live on the host, and record every such request.
 
-    Under the simulation no tensor can be allocated on ``npu``; inside this context a
+    Without the npu backend no tensor can be allocated on ``npu``; inside this context a
     ``device=`` argument naming ``npu``/``npu:N`` (a factory such as ``torch.empty``, or
     ``Tensor.to``), or a bare index where torch reads it as an ``npu`` index (as in
     ``module.to(torch.npu.current_device())``), is served on the CPU instead -- the same

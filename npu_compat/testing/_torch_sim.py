@@ -1,14 +1,22 @@
 """The torch side of the simulated Ascend: ``torch.npu`` and the ``hccl`` backend.
 
-``install()`` renames PrivateUse1 to ``npu`` (so ``torch.device("npu:0")`` parses),
-registers a CPU-backed ``torch.npu`` device module whose functions record every call,
-and registers a ``hccl`` torch.distributed backend that builds a real Gloo process
-group, so that ``init_process_group("hccl")`` and ``"cpu:gloo,npu:hccl"`` run real
-collectives on CPU tensors across processes.  ``torch.cuda`` is not touched:
+``install()`` renames PrivateUse1 to ``npu`` (so ``torch.device("npu:0")`` parses), loads
+the simulated NPU's C++ backend (:mod:`._npu_backend`, compiled on first use), registers
+the ``torch.npu`` device module -- every call of its functions recorded -- and registers an
+``hccl`` torch.distributed backend.  ``torch.cuda`` is not touched:
 ``torch.cuda.is_available()`` stays False.
 
-What cannot be simulated: memory on an ``npu`` device (``torch.empty(..., device="npu")``
-has no allocator behind it).  That is the compute boundary of the simulation.
+With the backend, ``npu`` tensors are real tensors in host memory: every operator
+computes (the CPU kernels, on the same memory), autograd and optimizers run, each
+device counts its allocations (``memory_allocated``/``max_*``/``mem_get_info`` against
+a capacity, ``torch.OutOfMemoryError`` past it), has a current device per thread, a
+generator (``manual_seed``, ``get/set_rng_state``), synchronous streams and events,
+pinned host memory and ``torch.save``/``torch.load``.  ``hccl`` is a Gloo group
+that runs each collective on CPU tensors aliasing the ``npu`` tensors' memory.
+
+Without it (no C++ compiler or no ninja: one warning says which), ``npu`` tensors are
+the compute boundary: any operator on one raises :class:`SimulatedComputeBoundary`
+with that reason, and ``hccl`` runs Gloo on CPU tensors only.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import collections
 import contextlib
 import functools
 import os
+import re
 import sys
 import threading
 import types
@@ -26,6 +35,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
+from . import _npu_backend
 from ._boundary import SimulatedComputeBoundary, needs_npu
 
 __all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "counted", "install", "npu"]
@@ -39,6 +49,9 @@ _LOCK = threading.Lock()
 _GIB = 1 << 30
 TOTAL_MEMORY = 64 * _GIB  # an Ascend 910B3 has 64 GiB of HBM
 DEVICE_NAME = "Ascend910B3 (simulated)"
+
+#: The C++ backend once :func:`install` loaded it; ``None`` at the compute boundary.
+NATIVE: Any = None
 
 
 def _record(fn: F) -> F:
@@ -89,27 +102,49 @@ def device_count_from_env() -> int:
     return int(os.environ.get(_env.SIMULATE_DEVICES, "2"))
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": _GIB, "gib": _GIB}
+
+
+def memory_capacity_from_env() -> int:
+    """Bytes of memory per simulated NPU: ``NPU_COMPAT_SIMULATE_NPU_MEMORY`` or 64 GiB."""
+    raw = os.environ.get(_env.SIMULATE_NPU_MEMORY, "").strip()
+    if not raw:
+        return TOTAL_MEMORY
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", raw)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"{_env.SIMULATE_NPU_MEMORY}={raw!r}: give bytes, or a number with KiB, MiB or GiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
 _current = threading.local()
 
 
 def _index(device: Any = None) -> int:
     if device is None:
-        return getattr(_current, "index", 0)
+        return NATIVE.current_device() if NATIVE is not None else getattr(_current, "index", 0)
     if isinstance(device, int):
         return device
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        return device.index if device.index is not None else getattr(_current, "index", 0)
+        return device.index if device.index is not None else _index()
     raise TypeError(f"simulated torch.npu: cannot read a device index from {device!r}")
+
+
+def _set_index(index: int) -> None:
+    if NATIVE is not None:
+        NATIVE.set_device(index)
+    else:
+        _current.index = index
 
 
 class _Properties(types.SimpleNamespace):
     pass
 
 
-class Stream:
-    """A stream that is always idle (the CPU runs everything synchronously)."""
+class _IdleStream:
+    """A stream that is always idle (the CPU runs everything synchronously); at the boundary."""
 
     def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
         self.device = torch.device("npu", _index(device))
@@ -121,32 +156,32 @@ class Stream:
     def query(self) -> bool:
         return True
 
-    def wait_stream(self, stream: Stream) -> None:
+    def wait_stream(self, stream: Any) -> None:
         pass
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: Any) -> None:
         pass
 
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
+    def record_event(self, event: Any = None) -> Any:
+        event = event or _IdleEvent()
         event.record(self)
         return event
 
-    def __enter__(self) -> Stream:
+    def __enter__(self) -> _IdleStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
         pass
 
 
-class Event:
+class _IdleEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, **_: Any) -> None:
         self.enable_timing = enable_timing
 
-    def record(self, stream: Stream | None = None) -> None:
+    def record(self, stream: Any = None) -> None:
         pass
 
-    def wait(self, stream: Stream | None = None) -> None:
+    def wait(self, stream: Any = None) -> None:
         pass
 
     def synchronize(self) -> None:
@@ -155,18 +190,50 @@ class Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: Event) -> float:
+    def elapsed_time(self, end: Any) -> float:
         return 0.0
+
+
+class Stream(torch.Stream):  # type: ignore[misc]
+    """An ``npu`` stream (torch's own ``torch.Stream``): work on it is done when it is issued."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if kwargs:  # stream_id=, device_index=, device_type=: an existing stream
+            return super().__new__(cls, **kwargs)  # type: ignore[no-any-return]
+        where = torch.device("npu", _index(device))
+        return super().__new__(cls, device=where, priority=priority)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _of(cls, stream: Any) -> Stream:
+        return cls(
+            stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+        )
+
+
+class Event:
+    """``torch.npu.Event(...)``: a ``torch.Event`` on ``npu`` (recorded at once; timing is host time)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Any:
+        return torch.Event(
+            device=torch.device("npu", _index()), enable_timing=enable_timing, blocking=blocking,
+            interprocess=interprocess,
+        )  # fmt: skip
 
 
 def _build_module() -> types.ModuleType:
     npu = types.ModuleType(
-        "torch.npu", "SIMULATED torch.npu (npu_compat.testing): CPU-backed, records calls."
+        "torch.npu", "SIMULATED torch.npu (npu_compat.testing): host memory, calls recorded."
     )
     npu.SIMULATED = True  # type: ignore[attr-defined]
-    npu.Stream = Stream  # type: ignore[attr-defined]
-    npu.Event = Event  # type: ignore[attr-defined]
-    default_streams: dict[int, Stream] = {}
+    # install() gives torch's own streams and events where the backend is loaded
+    npu.Stream = _IdleStream  # type: ignore[attr-defined]
+    npu.Event = _IdleEvent  # type: ignore[attr-defined]
+    idle_streams: dict[int, _IdleStream] = {}
+
+    def _stream_of(device: Any) -> Any:
+        if NATIVE is None:
+            return idle_streams.setdefault(_index(device), _IdleStream(device))
+        return Stream._of(torch._C._accelerator_getStream(_index(device)))
 
     @_record
     def is_available() -> bool:
@@ -193,31 +260,43 @@ def _build_module() -> types.ModuleType:
         index = _index(device)
         if not 0 <= index < device_count_from_env():
             raise RuntimeError(f"simulated torch.npu.set_device: invalid device {index}")
-        _current.index = index
+        _set_index(index)
 
     @_record
     def synchronize(device: Any = None) -> None:
-        pass
+        pass  # every operator is done when it returns
 
     @_record
     def empty_cache() -> None:
-        pass
+        pass  # nothing is cached: freed memory goes back to the host at once
 
     @_record
-    def current_stream(device: Any = None) -> Stream:
-        return default_streams.setdefault(_index(device), Stream(device))
+    def current_stream(device: Any = None) -> Any:
+        return _stream_of(device)
 
     @_record
-    def default_stream(device: Any = None) -> Stream:
-        return default_streams.setdefault(_index(device), Stream(device))
+    def default_stream(device: Any = None) -> Any:
+        if NATIVE is None:
+            return _stream_of(device)
+        current = torch._C._accelerator_getStream(_index(device))
+        return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
 
     @_record
-    def set_stream(stream: Stream) -> None:
-        pass
+    def set_stream(stream: Any) -> None:
+        if NATIVE is not None and stream is not None:
+            torch._C._accelerator_setStream(stream)
 
     @contextlib.contextmanager
-    def stream(s: Stream | None) -> Iterator[Stream | None]:
-        yield s
+    def stream(s: Any) -> Iterator[Any]:
+        if NATIVE is None or s is None:
+            yield s
+            return
+        previous = torch._C._accelerator_getStream(s.device_index)
+        torch._C._accelerator_setStream(s)
+        try:
+            yield s
+        finally:
+            torch._C._accelerator_setStream(previous)
 
     @_record
     def get_device_capability(device: Any = None) -> None:
@@ -227,7 +306,7 @@ def _build_module() -> types.ModuleType:
     @_record
     def get_device_properties(device: Any = None) -> _Properties:
         return _Properties(
-            name=DEVICE_NAME, total_memory=TOTAL_MEMORY, multi_processor_count=24, index=_index(device)
+            name=DEVICE_NAME, total_memory=_capacity(), multi_processor_count=24, index=_index(device)
         )
 
     @_record
@@ -235,27 +314,100 @@ def _build_module() -> types.ModuleType:
         return DEVICE_NAME
 
     @_record
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        return (TOTAL_MEMORY - 2 * _GIB, TOTAL_MEMORY)
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True  # the 910B computes in bf16
 
-    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
-        npu.__dict__[name] = _record(types.FunctionType((lambda device=None: 0).__code__, {}, name, (None,)))
+    def _capacity() -> int:
+        return int(NATIVE.capacity()) if NATIVE is not None else TOTAL_MEMORY
+
+    @_record
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        if NATIVE is None:
+            return (TOTAL_MEMORY - 2 * _GIB, TOTAL_MEMORY)
+        return (max(_capacity() - int(NATIVE.memory_allocated(_index(device))), 0), _capacity())
+
+    @_record
+    def memory_allocated(device: Any = None) -> int:
+        return int(NATIVE.memory_allocated(_index(device))) if NATIVE is not None else 0
+
+    @_record
+    def max_memory_allocated(device: Any = None) -> int:
+        return int(NATIVE.max_memory_allocated(_index(device))) if NATIVE is not None else 0
+
+    # no caching allocator: what is reserved is what is allocated
+    @_record
+    def memory_reserved(device: Any = None) -> int:
+        return int(NATIVE.memory_allocated(_index(device))) if NATIVE is not None else 0
+
+    @_record
+    def max_memory_reserved(device: Any = None) -> int:
+        return int(NATIVE.max_memory_allocated(_index(device))) if NATIVE is not None else 0
+
+    @_record
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        return dict(NATIVE.memory_stats(_index(device))) if NATIVE is not None else {}
 
     @_record
     def reset_peak_memory_stats(device: Any = None) -> None:
-        pass
+        if NATIVE is not None:
+            NATIVE.reset_peak_memory_stats(_index(device))
+
+    @_record
+    def reset_max_memory_allocated(device: Any = None) -> None:
+        reset_peak_memory_stats(device)
 
     @_record
     def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
         pass
 
+    def _generator(device: Any = None) -> torch.Generator:
+        if NATIVE is None:
+            raise needs_npu("torch.npu random number generators", _npu_backend.failure() or "")
+        generator: torch.Generator = NATIVE.default_generator(_index(device))
+        return generator
+
     @_record
     def manual_seed(seed: int) -> None:
-        pass
+        if NATIVE is not None:
+            _generator().manual_seed(int(seed))
 
     @_record
     def manual_seed_all(seed: int) -> None:
-        pass
+        if NATIVE is not None:
+            for index in range(device_count_from_env()):
+                _generator(index).manual_seed(int(seed))
+
+    @_record
+    def seed() -> None:
+        if NATIVE is not None:
+            _generator().seed()
+
+    @_record
+    def seed_all() -> None:
+        if NATIVE is not None:
+            for index in range(device_count_from_env()):
+                _generator(index).seed()
+
+    @_record
+    def initial_seed() -> int:
+        return int(_generator().initial_seed())
+
+    @_record
+    def get_rng_state(device: Any = "npu") -> torch.Tensor:
+        return _generator(device).get_state()
+
+    @_record
+    def set_rng_state(new_state: torch.Tensor, device: Any = "npu") -> None:
+        _generator(device).set_state(new_state)
+
+    @_record
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [_generator(i).get_state() for i in range(device_count_from_env())]
+
+    @_record
+    def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+        for index, state in enumerate(new_states):
+            _generator(index).set_state(state)
 
     @_record
     def ipc_collect() -> None:
@@ -264,6 +416,9 @@ def _build_module() -> types.ModuleType:
     def _is_in_bad_fork() -> bool:  # torch.manual_seed asks every device module (as torch_npu's)
         return False
 
+    def _lazy_init() -> None:
+        pass
+
     class device:
         def __init__(self, dev: Any) -> None:
             self.index = _index(dev)
@@ -271,16 +426,20 @@ def _build_module() -> types.ModuleType:
 
         def __enter__(self) -> None:
             self.prev = _index()
-            _current.index = self.index
+            if self.index >= 0:
+                _set_index(self.index)
 
         def __exit__(self, *exc: object) -> None:
-            _current.index = self.prev
+            _set_index(self.prev)
 
     for fn in (
         is_available, is_initialized, init, device_count, current_device, set_device, synchronize,
         empty_cache, current_stream, default_stream, set_stream, stream, get_device_capability,
-        get_device_properties, get_device_name, mem_get_info, reset_peak_memory_stats,
-        set_per_process_memory_fraction, manual_seed, manual_seed_all, ipc_collect, _is_in_bad_fork,
+        get_device_properties, get_device_name, is_bf16_supported, mem_get_info, memory_allocated,
+        max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, reset_peak_memory_stats,
+        reset_max_memory_allocated, set_per_process_memory_fraction, manual_seed, manual_seed_all, seed,
+        seed_all, initial_seed, get_rng_state, set_rng_state, get_rng_state_all, set_rng_state_all,
+        ipc_collect, _is_in_bad_fork, _lazy_init,
     ):  # fmt: skip
         setattr(npu, fn.__name__, fn)
     npu.device = device  # type: ignore[attr-defined]
@@ -293,17 +452,18 @@ npu = _build_module()
 
 
 def _create_hccl(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
-    """The simulated HCCL process group: a real Gloo group (CPU tensors)."""
+    """The simulated HCCL process group: a real Gloo group, on host aliases of ``npu`` tensors."""
     from torch.distributed import ProcessGroupGloo
 
-    return ProcessGroupGloo(store, rank, world_size, timeout)
+    gloo = ProcessGroupGloo(store, rank, world_size, timeout)
+    return gloo if NATIVE is None else NATIVE.hccl_backend(gloo)
 
 
 def _accelerator_bindings() -> dict[str, Callable[..., Any]]:
-    """Stand-ins for the C++ half of ``torch.accelerator`` that torch_npu's core provides.
+    """Stand-ins for the C++ half of ``torch.accelerator``, for the compute boundary only.
 
-    ``torch.accelerator.*`` calls ``torch._C._accelerator_*`` at call time; without a
-    PrivateUse1 device guard those raise "PyTorch is not linked with support for npu
+    ``torch.accelerator.*`` calls ``torch._C._accelerator_*`` at call time; without the
+    backend's PrivateUse1 hooks those raise "PyTorch is not linked with support for npu
     devices".  These answer from the simulated ``torch.npu`` instead.
     """
 
@@ -314,8 +474,7 @@ def _accelerator_bindings() -> dict[str, Callable[..., Any]]:
         return previous
 
     return {
-        # torch.distributed asks this for the accelerator (barrier, default devices); the
-        # C++ version needs torch_npu's PrivateUse1 hooks, which cannot exist here.
+        # torch.distributed asks this for the accelerator (barrier, default devices)
         "_get_accelerator": lambda check=False: torch.device("npu"),
         "_accelerator_getDeviceIndex": lambda: npu.current_device(),
         "_accelerator_setDeviceIndex": lambda index: npu.set_device(index) if index >= 0 else None,
@@ -331,9 +490,10 @@ def _accelerator_bindings() -> dict[str, Callable[..., Any]]:
 
 
 def _unbind_simulated_hccl_groups() -> None:
-    """A group built for ``hccl`` with ``device_id=npu:N`` is bound to that device, and torch then
-    allocates its barrier tensor there.  The simulated HCCL computes on CPU tensors, so its groups
-    are left unbound (barrier then runs on the CPU); other backends are untouched."""
+    """At the compute boundary only: a group built for ``hccl`` with ``device_id=npu:N`` is bound
+    to that device, and torch then allocates its barrier tensor there, which cannot be done
+    without the backend.  So its groups are left unbound (barrier then runs on the CPU); other
+    backends are untouched.  With the backend, the barrier tensor is a real ``npu`` tensor."""
     import torch.distributed.distributed_c10d as c10d
 
     original = c10d._new_process_group_helper
@@ -352,23 +512,51 @@ def _unbind_simulated_hccl_groups() -> None:
     c10d._new_process_group_helper = helper
 
 
+_BOUNDARY_LIBRARY: Any = None
+
+
+def _npu_tensors_are_the_boundary(reason: str) -> None:
+    """Every operator on an ``npu`` tensor raises :class:`SimulatedComputeBoundary` with ``reason``."""
+    global _BOUNDARY_LIBRARY
+
+    def boundary(op: Any, *args: Any, **kwargs: Any) -> Any:
+        raise needs_npu(f"{op} on an npu tensor", reason)
+
+    with contextlib.suppress(RuntimeError, AttributeError):  # already registered, or a torch without it
+        library = torch.library.Library("_", "IMPL", "PrivateUse1")
+        library.fallback(boundary)
+        _BOUNDARY_LIBRARY = library
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
+    global NATIVE
     if getattr(sys.modules.get("torch.npu"), "SIMULATED", False):
         return
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
+    NATIVE = _npu_backend.load()
+    if NATIVE is not None:
+        NATIVE.set_device_count(device_count_from_env())
+        NATIVE.set_capacity(memory_capacity_from_env())
+        npu.Stream = Stream  # type: ignore[attr-defined]
+        npu.Event = Event  # type: ignore[attr-defined]
+        npu.default_generators = tuple(  # type: ignore[attr-defined]
+            NATIVE.default_generator(i) for i in range(device_count_from_env())
+        )
     torch._register_device_module("npu", npu)
-    for name, binding in _accelerator_bindings().items():
-        setattr(torch._C, name, binding)
+    if NATIVE is None:
+        for name, binding in _accelerator_bindings().items():
+            setattr(torch._C, name, binding)
+        _npu_tensors_are_the_boundary(_npu_backend.failure() or "the npu backend is not loaded")
     with contextlib.suppress(RuntimeError):  # methods already generated
-        torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=NATIVE is not None)
     import torch.distributed as dist
 
-    if dist.is_available():
+    if dist.is_available() and NATIVE is None:
         _unbind_simulated_hccl_groups()
     if dist.is_available() and "hccl" not in dist.Backend.backend_list:
-        # torch_npu registers hccl for "npu" only; the simulation also claims "cpu"
-        # because every simulated tensor lives on the CPU.  "cpu:gloo,npu:hccl" still
-        # sends CPU tensors to gloo, as on a real host.
+        # torch_npu registers hccl for "npu" only; the simulation also claims "cpu", so that
+        # a plain "hccl" group takes CPU tensors too.  "cpu:gloo,npu:hccl" still sends CPU
+        # tensors to gloo, as on a real host.
         dist.Backend.register_backend("hccl", _create_hccl, devices=["npu", "cpu"])

@@ -1,0 +1,226 @@
+// The Python module of the simulated npu backend, and its hccl: a c10d backend
+// that runs a Gloo backend on CPU tensors aliasing the npu tensors' memory.
+#include "npu_backend.h"
+
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+namespace npu_sim {
+namespace {
+
+std::vector<at::Tensor> host(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    out.push_back(t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t);
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> host(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) {
+    out.push_back(host(l));
+  }
+  return out;
+}
+
+at::Tensor host(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t;
+}
+
+// Every collective of the wrapped (Gloo) backend, on host aliases of npu tensors: the
+// results land in the npu tensors' memory, and async work handles are Gloo's own.
+class HostAliasBackend final : public c10d::Backend {
+ public:
+  explicit HostAliasBackend(c10::intrusive_ptr<c10d::Backend> inner)
+      : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+
+  const std::string getBackendName() const override {
+    return "hccl";
+  }
+  bool supportsCoalescing() const override {
+    return inner_->supportsCoalescing();
+  }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    inner_->setTimeout(timeout);
+  }
+  void startCoalescing() override {
+    inner_->startCoalescing();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    return inner_->endCoalescing();
+  }
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    auto h = host(t);
+    return inner_->broadcast(h, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    auto h = host(t);
+    return inner_->allreduce(h, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& t, const c10d::AllreduceCoalescedOptions& o) override {
+    auto h = host(t);
+    return inner_->allreduce_coalesced(h, o);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    auto h = host(t);
+    return inner_->reduce(h, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+      const c10d::AllgatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->allgather(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->_allgather_base(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+      const c10d::AllgatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->allgather_coalesced(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::AllgatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->allgather_into_tensor_coalesced(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+      const c10d::GatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->gather(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+      const c10d::ScatterOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->scatter(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+      const c10d::ReduceScatterOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->reduce_scatter(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->_reduce_scatter_base(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::ReduceScatterOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->reduce_scatter_tensor_coalesced(ho, hi, o);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
+      const c10d::AllToAllOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->alltoall_base(ho, hi, out_splits, in_splits, o);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::AllToAllOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    return inner_->alltoall(ho, hi, o);
+  }
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) override {
+    inner_->monitoredBarrier(o, wait_all_ranks);
+  }
+  void setSequenceNumberForGroup() override {
+    inner_->setSequenceNumberForGroup();
+  }
+  uint64_t getSequenceNumberForGroup() override {
+    return inner_->getSequenceNumberForGroup();
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    auto h = host(t);
+    return inner_->send(h, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    auto h = host(t);
+    return inner_->recv(h, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& t, int tag) override {
+    auto h = host(t);
+    return inner_->recvAnysource(h, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    return inner_->barrier(o);
+  }
+  void waitForPendingWorks() override {
+    inner_->waitForPendingWorks();
+  }
+  void abort() override {
+    inner_->abort();
+  }
+  void shutdown() override {
+    inner_->shutdown();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> inner_;
+};
+
+pybind11::dict stats_dict(int device) {
+  namespace py = pybind11;
+  const auto s = memory_stats(static_cast<c10::DeviceIndex>(device));
+  py::dict d;
+  d["allocated_bytes.all.current"] = s.allocated;
+  d["allocated_bytes.all.peak"] = s.peak;
+  d["reserved_bytes.all.current"] = s.allocated;
+  d["reserved_bytes.all.peak"] = s.peak;
+  d["active_bytes.all.current"] = s.allocated;
+  d["active_bytes.all.peak"] = s.peak;
+  d["allocation.all.current"] = s.allocations;
+  d["allocation.all.allocated"] = s.total_allocations;
+  d["num_ooms"] = s.ooms;
+  return d;
+}
+
+}  // namespace
+}  // namespace npu_sim
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using namespace npu_sim;
+  m.doc() = "The simulated Ascend's npu device: tensors in host memory (npu_compat.testing).";
+  m.def("set_device_count", &set_device_count);
+  m.def("device_count", [] { return static_cast<int>(device_count()); });
+  m.def("current_device", [] { return static_cast<int>(current_device()); });
+  m.def("set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("capacity", &capacity);
+  m.def("set_capacity", &set_capacity);
+  m.def("memory_allocated", [](int d) { return memory_stats(static_cast<c10::DeviceIndex>(d)).allocated; });
+  m.def("max_memory_allocated", [](int d) { return memory_stats(static_cast<c10::DeviceIndex>(d)).peak; });
+  m.def("reset_peak_memory_stats", [](int d) { reset_peak(static_cast<c10::DeviceIndex>(d)); });
+  m.def("memory_stats", &stats_dict);
+  m.def("default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(d))));
+  });
+  m.def("host_alias", &cpu_alias, "A CPU tensor over the same memory as an npu tensor.");
+  m.def("set_fallback_counting", &set_fallback_counting);
+  m.def("fallback_counts", &fallback_counts);
+  m.def("hccl_backend", [](const c10::intrusive_ptr<c10d::Backend>& gloo) -> c10::intrusive_ptr<c10d::Backend> {
+    return c10::make_intrusive<HostAliasBackend>(gloo);
+  });
+}

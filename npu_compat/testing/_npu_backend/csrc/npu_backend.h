@@ -1,0 +1,66 @@
+// The simulated Ascend's PrivateUse1 ("npu") backend: shared declarations.
+//
+// npu tensors live in host memory.  Each device counts its own allocations
+// against a capacity, has a current-device guard per thread and a default
+// generator, and every operator without an npu kernel of its own runs the CPU
+// kernel on CPU tensors that alias the npu tensors' memory (no copies).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace npu_sim {
+
+constexpr c10::DeviceType kNpu = c10::DeviceType::PrivateUse1;
+constexpr int kMaxDevices = 64;
+
+// devices and the current device of this thread
+c10::DeviceIndex device_count();
+void set_device_count(int count);
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex index);
+void check_device(c10::DeviceIndex index);
+
+// memory: every byte an npu storage holds is counted on its device
+at::Allocator* npu_allocator();
+void reserve(c10::DeviceIndex device, int64_t nbytes);  // raises OutOfMemoryError past the capacity
+void release(c10::DeviceIndex device, int64_t nbytes);
+int64_t capacity();
+void set_capacity(int64_t nbytes);
+struct MemoryStats {
+  int64_t allocated;
+  int64_t peak;
+  int64_t allocations;  // live blocks
+  int64_t total_allocations;
+  int64_t ooms;
+};
+MemoryStats memory_stats(c10::DeviceIndex device);
+void reset_peak(c10::DeviceIndex device);
+void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
+
+// a host tensor aliasing an npu tensor's memory, and back
+at::Tensor cpu_alias(const at::Tensor& npu);
+c10::Storage adopt_storage(const c10::Storage& cpu, c10::DeviceIndex device);
+
+// pinned host memory
+at::Allocator* pinned_allocator();
+bool is_pinned(const void* ptr);
+
+// random numbers: one generator per device, computing with a CPU generator inside
+const at::Generator& default_generator(c10::DeviceIndex device);
+at::Generator new_generator(c10::DeviceIndex device);
+at::Generator cpu_generator_of(const at::Generator& npu_generator);
+
+// which operators the CPU fallback served (counted only while enabled)
+void set_fallback_counting(bool on);
+std::vector<std::pair<std::string, int64_t>> fallback_counts();
+
+}  // namespace npu_sim

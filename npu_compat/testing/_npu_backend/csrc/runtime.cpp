@@ -1,0 +1,473 @@
+// Devices, the device guard, memory, pinned memory, generators and the
+// PrivateUse1 hooks of the simulated npu backend.
+#include "npu_backend.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace npu_sim {
+
+// ---------------------------------------------------------------- devices
+
+static std::atomic<int> g_device_count{2};
+static thread_local c10::DeviceIndex t_device = 0;
+
+c10::DeviceIndex device_count() {
+  return static_cast<c10::DeviceIndex>(g_device_count.load());
+}
+
+void set_device_count(int count) {
+  TORCH_CHECK(count >= 0 && count <= kMaxDevices, "simulated npu: device count ", count, " out of range");
+  g_device_count = count;
+}
+
+void check_device(c10::DeviceIndex index) {
+  TORCH_CHECK(
+      index >= 0 && index < device_count(),
+      "simulated npu: invalid device npu:", static_cast<int>(index), " (", static_cast<int>(device_count()),
+      " visible)");
+}
+
+c10::DeviceIndex current_device() {
+  return t_device;
+}
+
+void set_device(c10::DeviceIndex index) {
+  check_device(index);
+  t_device = index;
+}
+
+// ---------------------------------------------------------------- memory
+
+static std::atomic<int64_t> g_capacity{int64_t(64) << 30};
+struct DeviceCounters {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> total_allocations{0};
+  std::atomic<int64_t> ooms{0};
+};
+static std::array<DeviceCounters, kMaxDevices> g_counters;
+
+static std::string human(int64_t n) {
+  std::ostringstream s;
+  if (n >= (int64_t(1) << 30)) {
+    s << static_cast<double>(n) / double(int64_t(1) << 30) << " GiB";
+  } else if (n >= (1 << 20)) {
+    s << static_cast<double>(n) / double(1 << 20) << " MiB";
+  } else {
+    s << n << " bytes";
+  }
+  return s.str();
+}
+
+void reserve(c10::DeviceIndex device, int64_t nbytes) {
+  auto& c = g_counters.at(device);
+  int64_t now = c.allocated.fetch_add(nbytes) + nbytes;
+  int64_t cap = g_capacity.load();
+  if (now > cap) {
+    c.allocated.fetch_sub(nbytes);
+    c.ooms.fetch_add(1);
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "simulated NPU out of memory: tried to allocate ", human(nbytes), " on npu:",
+        static_cast<int>(device), " (", human(now - nbytes), " already allocated, capacity ", human(cap),
+        "; NPU_COMPAT_SIMULATE_NPU_MEMORY sets it)");
+  }
+  c.allocations.fetch_add(1);
+  c.total_allocations.fetch_add(1);
+  int64_t peak = c.peak.load();
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void release(c10::DeviceIndex device, int64_t nbytes) {
+  auto& c = g_counters.at(device);
+  c.allocated.fetch_sub(nbytes);
+  c.allocations.fetch_sub(1);
+}
+
+int64_t capacity() {
+  return g_capacity.load();
+}
+
+void set_capacity(int64_t nbytes) {
+  TORCH_CHECK(nbytes >= 0, "simulated npu: capacity must not be negative");
+  g_capacity = nbytes;
+}
+
+MemoryStats memory_stats(c10::DeviceIndex device) {
+  check_device(device);
+  auto& c = g_counters.at(device);
+  return {c.allocated.load(), c.peak.load(), c.allocations.load(), c.total_allocations.load(), c.ooms.load()};
+}
+
+void reset_peak(c10::DeviceIndex device) {
+  check_device(device);
+  auto& c = g_counters.at(device);
+  c.peak = c.allocated.load();
+}
+
+namespace {
+
+struct Block {
+  void* ptr;
+  int64_t size;
+  c10::DeviceIndex device;
+};
+
+void free_block(void* ctx) {
+  auto* block = static_cast<Block*>(ctx);
+  std::free(block->ptr);
+  release(block->device, block->size);
+  delete block;
+}
+
+void no_delete(void*) {}
+
+struct NpuAllocator final : at::Allocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    const auto device = current_device();
+    const c10::Device where(kNpu, device);
+    if (nbytes == 0) {
+      return {nullptr, nullptr, &no_delete, where};
+    }
+    reserve(device, static_cast<int64_t>(nbytes));
+    void* ptr = nullptr;
+    if (posix_memalign(&ptr, 64, nbytes) != 0 || ptr == nullptr) {
+      release(device, static_cast<int64_t>(nbytes));
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "simulated npu: the host has no ", human(nbytes), " left");
+    }
+    return {ptr, new Block{ptr, static_cast<int64_t>(nbytes), device}, &free_block, where};
+  }
+
+  at::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+NpuAllocator g_allocator;
+
+}  // namespace
+
+at::Allocator* npu_allocator() {
+  return &g_allocator;
+}
+
+void resize_bytes(c10::StorageImpl* storage, size_t nbytes) {
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  const auto device = storage->device().index();
+  c10::DeviceGuard guard(c10::Device(kNpu, device));
+  at::DataPtr fresh = g_allocator.allocate(nbytes);
+  const size_t keep = std::min(nbytes, storage->nbytes());
+  if (keep > 0 && storage->data() != nullptr) {
+    std::memcpy(fresh.get(), storage->data(), keep);
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(nbytes);
+}
+
+
+// ---------------------------------------------------------------- pinned host memory
+
+namespace {
+
+std::mutex g_pinned_mutex;
+std::map<uintptr_t, size_t> g_pinned;  // start -> size
+
+void free_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  std::free(ptr);
+}
+
+struct PinnedAllocator final : at::HostAllocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0) {
+      return {nullptr, nullptr, &no_delete, c10::Device(c10::kCPU)};
+    }
+    void* ptr = nullptr;
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, posix_memalign(&ptr, 64, nbytes) == 0 && ptr != nullptr,
+        "simulated npu: cannot pin ", human(nbytes));
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mutex);
+      g_pinned[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
+    }
+    return {ptr, ptr, &free_pinned, c10::Device(c10::kCPU)};
+  }
+  at::DeleterFnPtr raw_deleter() const override {
+    return &free_pinned;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  bool record_event(void*, void*, c10::Stream) override {
+    return true;
+  }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    return {};
+  }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+
+PinnedAllocator g_pinned_allocator;
+
+}  // namespace
+
+at::Allocator* pinned_allocator() {
+  return &g_pinned_allocator;
+}
+
+bool is_pinned(const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) {
+    return false;
+  }
+  --it;
+  return p < it->first + it->second;
+}
+
+// ---------------------------------------------------------------- generators
+
+namespace {
+
+struct NpuGenerator final : c10::GeneratorImpl {
+  explicit NpuGenerator(c10::DeviceIndex device, at::Generator cpu)
+      : c10::GeneratorImpl(c10::Device(kNpu, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        cpu_(std::move(cpu)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    cpu_.set_current_seed(seed);
+  }
+  void set_offset(uint64_t offset) override {
+    cpu_.set_offset(offset);
+  }
+  uint64_t get_offset() const override {
+    return cpu_.get_offset();
+  }
+  uint64_t current_seed() const override {
+    return cpu_.current_seed();
+  }
+  uint64_t seed() override {
+    return cpu_.seed();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    cpu_.set_state(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(&state))));
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    return cpu_.get_state().getIntrusivePtr();
+  }
+  static c10::DeviceType device_type() {
+    return kNpu;
+  }
+
+  at::Generator cpu_;
+
+ private:
+  NpuGenerator* clone_impl() const override {
+    return new NpuGenerator(device().index(), cpu_.clone());
+  }
+};
+
+std::once_flag g_generators_once;
+std::vector<at::Generator> g_generators;
+
+}  // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  std::call_once(g_generators_once, [] {
+    for (int i = 0; i < kMaxDevices; ++i) {
+      g_generators.push_back(at::make_generator<NpuGenerator>(
+          static_cast<c10::DeviceIndex>(i), at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val)));
+    }
+  });
+  const auto index = device < 0 ? current_device() : device;
+  check_device(index);
+  return g_generators[index];
+}
+
+at::Generator new_generator(c10::DeviceIndex device) {
+  const auto index = device < 0 ? current_device() : device;
+  check_device(index);
+  return at::make_generator<NpuGenerator>(index, at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val));
+}
+
+at::Generator cpu_generator_of(const at::Generator& npu_generator) {
+  return static_cast<NpuGenerator*>(npu_generator.unsafeGetGeneratorImpl())->cpu_;
+}
+
+// ---------------------------------------------------------------- device guard, streams, events
+
+namespace {
+
+struct Event {
+  std::chrono::steady_clock::time_point when;
+};
+
+static std::atomic<c10::StreamId> g_next_stream{1};
+static thread_local std::array<c10::StreamId, kMaxDevices> t_streams{};
+
+struct NpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kNpu;
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const auto old = current_device();
+    if (d.index() >= 0 && d.index() != old) {
+      set_device(d.index());
+    }
+    return c10::Device(kNpu, old);
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(kNpu, current_device());
+  }
+  void setDevice(c10::Device d) const override {
+    set_device(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    t_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    const auto index = d.index() < 0 ? current_device() : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNpu, index), t_streams.at(index));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    const auto index = d.index() < 0 ? current_device() : d.index();
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kNpu, index));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool = false) const override {
+    return getNewStream(d, 0);
+  }
+  c10::Stream getNewStream(c10::Device d, int = 0) const override {
+    const auto index = d.index() < 0 ? current_device() : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNpu, index), g_next_stream.fetch_add(1));
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto& slot = t_streams.at(s.device_index());
+    const auto old = c10::Stream(c10::Stream::UNSAFE, s.device(), slot);
+    slot = s.id();
+    return old;
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<Event*>(event);
+  }
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {
+    if (*event == nullptr) {
+      *event = new Event();
+    }
+    static_cast<Event*>(*event)->when = std::chrono::steady_clock::now();
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override {
+    return true;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return device_count();
+  }
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start && end, "simulated npu: both events must be recorded before elapsed_time()");
+    const auto a = static_cast<Event*>(start)->when;
+    const auto b = static_cast<Event*>(end)->when;
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl)
+
+// ---------------------------------------------------------------- hooks
+
+namespace {
+
+struct NpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return device_count() > 0;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return true;
+  }
+  void init() const override {}
+  c10::DeviceIndex deviceCount() const override {
+    return device_count();
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    set_device(device);
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return current_device();
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const auto old = current_device();
+    if (device >= 0 && device != old) {
+      set_device(device);
+    }
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_generator(device);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override {
+    return new_generator(device);
+  }
+  at::Device getDeviceFromPtr(void*) const override {
+    return at::Device(kNpu, current_device());
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return is_pinned(data);
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return &g_pinned_allocator;
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    resize_bytes(storage.unsafeGetStorageImpl(), nbytes);
+  }
+};
+
+struct Registration {
+  Registration() {
+    at::RegisterPrivateUse1HooksInterface(new NpuHooks());
+    at::setHostAllocator(kNpu, &g_pinned_allocator);
+    c10::SetAllocator(kNpu, &g_allocator);
+  }
+};
+Registration g_registration;
+
+}  // namespace
+
+}  // namespace npu_sim

@@ -1,0 +1,42 @@
+"""Shared by the tests of the simulated NPU's compute: the skip without a toolchain, and one build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import SIM_SITE, simulation_env
+from npu_compat.testing._npu_backend import missing_tools
+from tests.conftest import clean_env, last_json, run_py
+
+MISSING = missing_tools()
+
+#: Skips a test of npu compute where the backend cannot be built, naming what is missing.
+needs_backend = pytest.mark.skipif(MISSING is not None, reason=f"the simulated npu backend needs {MISSING}")
+
+
+def sim_env(devices: int = 2, **extra: str) -> dict[str, str]:
+    """The simulation's variables for a child with ``devices`` NPUs (``run_py`` adds the rest)."""
+    env = {k: v for k, v in simulation_env(devices, {}).items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+def child_env(devices: int = 2, **extra: str) -> dict[str, str]:
+    """A whole environment for a ``subprocess.Popen`` child: the simulation, stand-ins on PYTHONPATH."""
+    return clean_env(sim_env(devices, **extra), [str(SIM_SITE)])
+
+
+def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) -> Any:
+    """Run ``code`` on a simulated Ascend; what it printed last, as JSON."""
+    return last_json(run_py(code, env=sim_env(devices, **extra), pythonpath=[str(SIM_SITE)], timeout=timeout))
+
+
+@pytest.fixture(scope="session")
+def npu_backend_built() -> None:
+    """Build the backend once (minutes when cold) before the tests that time out sooner."""
+    if MISSING is not None:
+        pytest.skip(f"the simulated npu backend needs {MISSING}")
+    code = "import torch; from npu_compat.testing import _torch_sim as s; assert s.NATIVE is not None"
+    run_py(code, env=sim_env(), pythonpath=[str(SIM_SITE)], timeout=900)

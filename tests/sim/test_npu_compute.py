@@ -1,0 +1,253 @@
+"""npu tensors that compute: host memory, the device API around them, and the boundary without a compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json
+
+pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
+
+__all__ = ["npu_backend_built"]  # the fixture, used by name below
+
+
+def computes(test):  # type: ignore[no-untyped-def]
+    """A test of npu compute: skipped without the toolchain, after the one build."""
+    return pytest.mark.usefixtures("npu_backend_built")(needs_backend(test))
+
+
+@computes
+def test_npu_tensors_compute_and_alias_like_cpu_tensors() -> None:
+    out = sim_json(
+        """
+        import json, torch
+        from npu_compat.testing import _torch_sim
+        x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        n = x.npu()
+        back = n.cpu()
+        view = n[1:, ::2]                 # a view aliases its base
+        view.mul_(10)
+        t = n.t()
+        t[0, 0] = -1.0                    # a write through a transposed view
+        n2 = torch.ones(2, 3, device="npu:1")
+        n2 += 1                           # in place, on the other device
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3)
+        lin_npu = torch.nn.Linear(4, 3, device="npu")
+        lin_npu.load_state_dict(lin.state_dict())
+        inp = torch.randn(5, 4)
+        y = lin(inp); y.square().sum().backward()
+        y_npu = lin_npu(inp.npu()); y_npu.square().sum().backward()
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.data = p.to("npu")             # the line FSDP2's fully_shard runs
+        native = _torch_sim.NATIVE
+        print(json.dumps({
+            "device": str(n.device), "is_npu": [n.is_npu, x.is_npu], "roundtrip": torch.equal(back, x),
+            "aliased": n.cpu().tolist(), "same_memory": view.data_ptr() - n.data_ptr() == 4 * 4,
+            "other": [str(n2.device), n2.cpu().tolist()],
+            "linear_device": [str(y_npu.device), str(lin_npu.weight.grad.device)],
+            "y": torch.allclose(y, y_npu.cpu(), rtol=0, atol=0),
+            "grads": [torch.equal(lin.weight.grad, lin_npu.weight.grad.cpu()),
+                      torch.equal(lin.bias.grad, lin_npu.bias.grad.cpu())],
+            "param": str(p.device), "item": n.sum().item(),
+            "pinned": [torch.ones(4).pin_memory().is_pinned(), torch.ones(4).is_pinned()],
+            "host_alias": native.host_alias(n).data_ptr() == n.data_ptr(),
+        }))
+        """
+    )
+    assert out["device"] == "npu:0" and out["is_npu"] == [True, False] and out["roundtrip"]
+    assert out["aliased"] == [[-1.0, 1.0, 2.0, 3.0], [40.0, 5.0, 60.0, 7.0], [80.0, 9.0, 100.0, 11.0]]
+    assert out["same_memory"]
+    assert out["other"] == ["npu:1", [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]]
+    assert out["linear_device"] == ["npu:0", "npu:0"]
+    assert out["y"] and out["grads"] == [True, True]
+    assert out["param"] == "npu:0"
+    assert out["item"] == sum([-1.0, 1.0, 2.0, 3.0, 40.0, 5.0, 60.0, 7.0, 80.0, 9.0, 100.0, 11.0])
+    assert out["pinned"] == [True, False]
+    assert out["host_alias"]
+
+
+@computes
+def test_memory_stats_count_real_allocations_against_the_capacity() -> None:
+    out = sim_json(
+        """
+        import json, torch
+        npu = torch.npu
+        base = [npu.memory_allocated(0), npu.memory_allocated(1)]
+        a = torch.empty(256 * 1024, dtype=torch.uint8, device="npu:0")    # 256 KiB
+        b = torch.empty(128 * 1024, dtype=torch.uint8, device="npu:1")
+        during = [npu.memory_allocated(0) - base[0], npu.memory_allocated(1) - base[1], npu.memory_reserved(0) - base[0]]
+        free, total = npu.mem_get_info(0)
+        s = a.untyped_storage(); s.resize_(0)                               # FSDP2 frees unsharded storage so
+        freed_storage = npu.memory_allocated(0) - base[0]
+        s.resize_(256 * 1024)
+        del a, b, s
+        after = [npu.memory_allocated(0) - base[0], npu.memory_allocated(1) - base[1]]
+        peak = npu.max_memory_allocated(0) - base[0]
+        npu.reset_peak_memory_stats(0)
+        peak_after_reset = npu.max_memory_allocated(0) - base[0]
+        errors = []
+        keep = torch.empty(700 * 1024, dtype=torch.uint8, device="npu:0")
+        try:
+            torch.empty(400 * 1024, dtype=torch.uint8, device="npu:0")     # past 1 MiB
+        except torch.OutOfMemoryError as exc:
+            errors.append(str(exc))
+        ok_elsewhere = torch.empty(400 * 1024, dtype=torch.uint8, device="npu:1").numel()   # its own capacity
+        npu.empty_cache()
+        print(json.dumps({"during": during, "mem": [free, total], "freed_storage": freed_storage,
+                          "after": after, "peak": peak, "reset": peak_after_reset, "errors": errors,
+                          "elsewhere": ok_elsewhere, "stats": npu.memory_stats(0)["num_ooms"],
+                          "props": npu.get_device_properties(0).total_memory}))
+        """,
+        NPU_COMPAT_SIMULATE_NPU_MEMORY="1MiB",
+    )
+    kib = 1024
+    assert out["during"] == [256 * kib, 128 * kib, 256 * kib]
+    assert out["mem"][1] == 1024 * kib and out["mem"][0] <= 768 * kib
+    assert out["freed_storage"] == 0
+    assert out["after"] == [0, 0]
+    assert out["peak"] == 256 * kib and out["reset"] == 0
+    assert len(out["errors"]) == 1 and "simulated NPU out of memory" in out["errors"][0]
+    assert "npu:0" in out["errors"][0]
+    assert out["elsewhere"] == 400 * kib and out["stats"] == 1
+    assert out["props"] == 1024 * kib
+
+
+@computes
+def test_each_device_has_a_generator_and_seeds_reproduce() -> None:
+    out = sim_json(
+        """
+        import json, torch
+        torch.manual_seed(7)                       # seeds every npu, as with CUDA
+        a = torch.randn(4, device="npu:0").tolist()
+        torch.manual_seed(7)
+        b = torch.randn(4, device="npu:0").tolist()
+        torch.npu.manual_seed_all(3)
+        state = torch.npu.get_rng_state(1)
+        c = torch.rand(3, device="npu:1").tolist()
+        torch.npu.set_rng_state(state, 1)
+        d = torch.rand(3, device="npu:1").tolist()
+        torch.npu.manual_seed_all(3)
+        zero_first = torch.rand(3, device="npu:0").tolist()
+        one_untouched = torch.rand(3, device="npu:1").tolist()   # npu:0's draw did not advance npu:1
+        g = torch.Generator(device="npu:1"); g.manual_seed(11)
+        e = torch.randn(2, device="npu:1", generator=g).tolist()
+        g.manual_seed(11)
+        f = torch.randn(2, device="npu:1", generator=g).tolist()
+        drop = torch.nn.functional.dropout(torch.ones(1000, device="npu"), 0.5)
+        print(json.dumps({"seeded": a == b, "state": c == d, "per_device": one_untouched == c,
+                          "generator": [e == f, str(g.device)], "initial": torch.npu.initial_seed(),
+                          "dropout": [str(drop.device), 300 < int((drop == 0).sum()) < 700]}))
+        """
+    )
+    assert out["seeded"] and out["state"] and out["per_device"]
+    assert out["generator"] == [True, "npu:1"]
+    assert out["initial"] == 3
+    assert out["dropout"] == ["npu:0", True]
+
+
+@computes
+def test_save_and_load_of_npu_tensors_with_map_location(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = sim_json(
+        f"""
+        import json, torch
+        path = {str(tmp_path / "t.pt")!r}
+        torch.save({{"w": torch.arange(6.0, device="npu:1").reshape(2, 3), "c": torch.ones(2)}}, path)
+        as_saved = torch.load(path)
+        to_cpu = torch.load(path, map_location="cpu")
+        to_zero = torch.load(path, map_location="npu:0")
+        print(json.dumps({{"saved": [str(as_saved["w"].device), str(as_saved["c"].device)],
+                          "cpu": str(to_cpu["w"].device), "zero": str(to_zero["w"].device),
+                          "values": to_zero["w"].cpu().tolist()}}))
+        """
+    )
+    assert out["saved"] == ["npu:1", "cpu"]
+    assert out["cpu"] == "cpu" and out["zero"] == "npu:0"
+    assert out["values"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+@computes
+def test_current_device_per_thread_streams_and_events() -> None:
+    out = sim_json(
+        """
+        import json, threading, torch
+        torch.npu.set_device(1)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append([torch.npu.current_device(), str(torch.ones(1, device="npu").device)]))
+        t.start(); t.join()
+        with torch.npu.device(0):
+            inner = [torch.npu.current_device(), str(torch.empty(1, device="npu").device)]
+        main = [torch.npu.current_device(), str(torch.empty(1, device="npu").device)]
+        s = torch.npu.Stream()
+        with torch.npu.stream(s):
+            on_s = torch.npu.current_stream() == s
+        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        start.record(); x = torch.ones(100, 100, device="npu") @ torch.ones(100, 100, device="npu"); end.record()
+        end.synchronize(); s.wait_event(end); s.wait_stream(torch.npu.current_stream())
+        x.record_stream(s)
+        print(json.dumps({"thread": seen[0], "inner": inner, "main": main, "on_s": on_s,
+                          "back": torch.npu.current_stream() == torch.npu.default_stream(),
+                          "elapsed": start.elapsed_time(end) >= 0, "query": [s.query(), end.query()],
+                          "accelerator": str(torch.accelerator.current_accelerator()),
+                          "count": torch.accelerator.device_count()}))
+        """,
+        devices=3,
+    )
+    assert out["thread"] == [0, "npu:0"]  # a new thread starts on device 0, as with CUDA
+    assert out["inner"] == [0, "npu:0"] and out["main"] == [1, "npu:1"]
+    assert out["on_s"] and out["back"] and out["elapsed"] and out["query"] == [True, True]
+    assert out["accelerator"] == "npu" and out["count"] == 3
+
+
+def test_without_a_compiler_npu_tensors_are_the_boundary_and_say_what_to_install() -> None:
+    out = sim_json(
+        """
+        import json, warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+        try:
+            torch.ones(2, device="npu")
+            error = None
+        except Exception as exc:
+            error = [type(exc).__name__, str(exc)]
+        print(json.dumps({"error": error, "warnings": [str(w.message) for w in caught if "npu backend" in str(w.message)],
+                          "collective_device": torch.npu.memory_allocated()}))
+        """,
+        CXX="no-such-c++-compiler",
+    )
+    assert out["error"][0] == "SimulatedComputeBoundary"
+    assert (
+        "needs a real NPU" in out["error"][1] and "'no-such-c++-compiler' is not on PATH" in out["error"][1]
+    )
+    assert len(out["warnings"]) == 1 and "install g++ or clang++" in out["warnings"][0]
+
+
+@needs_backend
+def test_processes_starting_at_once_build_the_backend_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ray workers and vLLM children import torch together on a fresh host: one builds, all load."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.sim.npu_backend import child_env
+
+    code = (
+        "import json, torch; from npu_compat.testing import _npu_backend as b, _torch_sim as s; "
+        "print(json.dumps([b.built_here, s.NATIVE.__file__, str(torch.ones(1, device='npu').device)]))"
+    )
+    env = child_env(NPU_COMPAT_SIMULATE_BUILD_DIR=str(tmp_path / "cache"))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]  # fmt: skip
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-4000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(built for built, _, _ in outs) == [False, False, True]
+    assert len({path for _, path, _ in outs}) == 1 and outs[0][1].startswith(str(tmp_path / "cache"))
+    assert {device for _, _, device in outs} == {"npu:0"}
