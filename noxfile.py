@@ -88,7 +88,7 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
     strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
     session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
-    session.install("ninja")
+    session.install("ninja==1.13.2")
     session.install("--no-deps", ".")
 
 
