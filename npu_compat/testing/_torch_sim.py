@@ -317,6 +317,10 @@ def _build_module() -> types.ModuleType:
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return True  # the 910B computes in bf16
 
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        """torch.autocast(device_type="npu") asks this (torch_npu.npu.autocast_utils, as the real one)."""
+        return [torch.float16, torch.bfloat16, torch.float32]
+
     def _capacity() -> int:
         return int(NATIVE.capacity()) if NATIVE is not None else TOTAL_MEMORY
 
@@ -435,7 +439,7 @@ def _build_module() -> types.ModuleType:
     for fn in (
         is_available, is_initialized, init, device_count, current_device, set_device, synchronize,
         empty_cache, current_stream, default_stream, set_stream, stream, get_device_capability,
-        get_device_properties, get_device_name, is_bf16_supported, mem_get_info, memory_allocated,
+        get_device_properties, get_device_name, is_bf16_supported, get_amp_supported_dtype, mem_get_info, memory_allocated,
         max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, reset_peak_memory_stats,
         reset_max_memory_allocated, set_per_process_memory_fraction, manual_seed, manual_seed_all, seed,
         seed_all, initial_seed, get_rng_state, set_rng_state, get_rng_state_all, set_rng_state_all,

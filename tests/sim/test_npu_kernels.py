@@ -415,15 +415,20 @@ def spy(*args, **kwargs):
 integration.npu_fusion_attention = spy
 
 directory = make_tiny_model(tempfile.mkdtemp())
+# flash_attention_2 on the simulated npu:0, sdpa on the CPU as the reference
 fa = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="flash_attention_2", dtype=torch.float32)
+fa = fa.to("npu:0")
 ref = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
 torch.manual_seed(1)
 ids = torch.randint(0, fa.config.vocab_size, (2, 7))
-diff = lambda a, b: (a - b).abs().max().item()
+npu = lambda t: t.to("npu:0")
+diff = lambda a, b: (a.cpu() - b.cpu()).abs().max().item()
 result = {"version": transformers.__version__, "npu": is_torch_npu_available(),
-          "impl": fa.config._attn_implementation, "counted_before": torch.npu.call_count("torch_npu.npu_fusion_attention")}
+          "impl": fa.config._attn_implementation, "counted_before": torch.npu.call_count("torch_npu.npu_fusion_attention"),
+          "on": str(next(fa.parameters()).device)}
 
-a, b = fa(input_ids=ids).logits, ref(input_ids=ids).logits
+a, b = fa(input_ids=npu(ids)).logits, ref(input_ids=ids).logits
+result["logits_on"] = str(a.device)
 result["plain"] = diff(a, b)
 ga = torch.autograd.grad(a.square().mean(), list(fa.parameters()))
 gb = torch.autograd.grad(b.square().mean(), list(ref.parameters()))
@@ -431,12 +436,12 @@ result["grads"] = max(diff(x, y) for x, y in zip(ga, gb))
 result["plain_calls"] = list(calls); calls.clear()
 
 mask = torch.ones(2, 7, dtype=torch.long); mask[0, :3] = 0      # left padding: the varlen path
-a, b = fa(input_ids=ids, attention_mask=mask).logits, ref(input_ids=ids, attention_mask=mask).logits
-result["padded"] = diff(a[mask.bool()], b[mask.bool()])
+a, b = fa(input_ids=npu(ids), attention_mask=npu(mask)).logits, ref(input_ids=ids, attention_mask=mask).logits
+result["padded"] = diff(a.cpu()[mask.bool()], b[mask.bool()])
 result["padded_calls"] = list(calls); calls.clear()
 
 pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])                     # packed sequences (verl's remove-padding)
-a = fa(input_ids=ids[:1], position_ids=pos).logits
+a = fa(input_ids=npu(ids[:1]), position_ids=npu(pos)).logits
 b = torch.cat([ref(input_ids=ids[:1, :4]).logits, ref(input_ids=ids[:1, 4:]).logits], 1)
 result["packed"] = diff(a, b)
 result["packed_calls"] = list(calls)
@@ -449,6 +454,7 @@ def test_transformers_flash_attention_2_goes_through_npu_fusion_attention() -> N
     pytest.importorskip("transformers", reason="needs transformers (the upstream stack sessions)")
     out = sim_child(ATTENTION_PATH)
     assert out["npu"] and out["impl"] == "flash_attention_2" and out["counted_before"] == 0
+    assert out["on"] == "npu:0" and out["logits_on"] == "npu:0"  # the model computes on the simulated NPU
     layer = 1  # the tiny model has one decoder layer: one attention call per forward
     assert out["plain_calls"] == [["BSND", 3]] * layer  # down-right causal, the default NPU_FA2_SPARSE_MODE
     assert out["padded_calls"] == [["TND", 3]] * layer
