@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,20 +74,32 @@ def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path) -> None:
         assert result["first_error"] == "ZeroDivisionError: integer modulo by zero", result
 
 
-def test_compat_both_reaches_fsdp_on_npu_tensors(tmp_path: Path) -> None:
+#: Since ``npu`` tensors compute (issue 15), the compat runs go on past the trainer's old boundary; what they
+#: reach then is established on stack (a) only (tests/e2e/FINDINGS.md): the legacy trainer (stack b) and
+#: trinity 0.5.2 (stack c) are the next issue's matrix.
+ESTABLISHED = not REL_052 and not LEGACY
+needs_established = pytest.mark.skipif(
+    not ESTABLISHED,
+    reason="the compat run past the trainer's boundary is established on stack (a) only (tests/e2e/FINDINGS.md)",
+)
+
+
+@needs_established
+def test_compat_both_builds_the_models_and_stops_in_the_weight_sync_setup(tmp_path: Path) -> None:
     """The bundled config as it is: npu-compat counts the NPUs, the verl worker group is up on NPU
-    bundles, then FSDP2 moves the parameters to ``npu`` -- the simulation's compute boundary."""
+    bundles, FSDP2 builds the models on (simulated) ``npu`` tensors, the rollout side comes up, and the
+    run gets as far as the weight-sync setup between trainer rank 0 and the rollout worker, where the
+    trainer's side of the group never completes (the next boundary: no error, so the bound ends it)."""
     result = _run(tmp_path, "compat", "auto", 420)
-    if REL_052:
-        # 0.5.2 brings up the Explorer's rollout engine beside the Trainer's worker group, so whether its
-        # actor is seen scheduled before the FSDP2 boundary ends the run is a race ...
-        assert set(result["stages"]) - {"rollout_actor_scheduled"} == {"npus_counted", *TRAINER_SIDE}, result
-        # ... and its vLLM worker may reach the vllm-ascend stand-in's boundary too
-        assert "fsdp2: parameters moved to npu tensors" in result["boundaries"], result
-        assert set(result["boundaries"]) <= set(scenario.BOUNDARIES), result
-    else:
-        assert result["stages"] == ["npus_counted", *TRAINER_SIDE], result
-        assert result["boundaries"] == ["fsdp2: parameters moved to npu tensors"], result
+    assert result["stages"] == [
+        "npus_counted", *TRAINER_SIDE, "verl_models_built", "trainer_ready",
+        *ROLLOUT_SIDE[2:], "rollout_models_ready", "weight_sync_setup_started",
+    ], result  # fmt: skip
+    assert result["boundaries"] == [], result  # FSDP2's npu tensors are no longer a boundary
+    assert result["rc"] == "timeout", result
+    text = scenario.all_logs(tmp_path / "compat-auto")
+    assert "Trainer init_process_group" in text and "vLLM init_process_group finished" in text
+    assert "Weight sync group setup complete" not in text
     # each patch is reported applied in the process where its code runs
     _assert_applied(
         result,
@@ -113,18 +126,18 @@ def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
     assert "'GPU': 1.0" in text
 
 
-def test_compat_explore_reaches_the_vllm_ascend_worker(tmp_path: Path) -> None:
+@needs_established
+def test_compat_explore_generates_on_the_vllm_ascend_worker(tmp_path: Path) -> None:
     """Mode explore: the rollout actor sits in an NPU bundle and vLLM builds its engine on the
-    (simulated) Ascend platform; the worker's ``init_device`` forms its HCCL world group, and its
+    (simulated) Ascend platform; the worker's ``init_device`` forms its HCCL world group, its
     ``load_model`` (0.6.0: npu-compat's Trinity worker on ``NPUWorker``) registers Trinity's checkpoint
-    weight-transfer engine -- importing ``vllm_extension``, whose patches apply in that process --
-    until the vllm_ascend stand-in's ``NPUModelRunner`` needs a real NPU."""
-    result = _run(tmp_path, "compat", "explore", 300)
-    assert result["stages"] == ROLLOUT_SIDE, result
-    assert result["boundaries"] == ["vllm-ascend stand-in: needs a real NPU"], result
-    assert str(result["first_error"]).startswith(
-        "npu_compat.testing._boundary.SimulatedComputeBoundary: simulated Ascend: NPUModelRunner.load_model"
-    ), result
+    weight-transfer engine -- importing ``vllm_extension``, whose patches apply in that process -- and
+    the vllm_ascend stand-in's ``NPUModelRunner`` generates: the explore steps run, and the run ends."""
+    result = _run(tmp_path, "compat", "explore", 480)
+    assert result["stages"] == [*ROLLOUT_SIDE, "rollout_models_ready", "explore_step_started"], result
+    assert result["boundaries"] == [], result
+    assert result["rc"] == 0, result
+    assert re.search(r"> Explorer \(\w+\) finished\.", scenario.all_logs(tmp_path / "compat-explore")), result
     common = {
         "ray-driver": ["trinity.config_validator.npu_count"],
         "Explorer": ["ray.options.actor", "ray.placement_group"],
