@@ -439,7 +439,8 @@ def _build_module() -> types.ModuleType:
     for fn in (
         is_available, is_initialized, init, device_count, current_device, set_device, synchronize,
         empty_cache, current_stream, default_stream, set_stream, stream, get_device_capability,
-        get_device_properties, get_device_name, is_bf16_supported, get_amp_supported_dtype, mem_get_info, memory_allocated,
+        get_device_properties, get_device_name, is_bf16_supported, get_amp_supported_dtype, mem_get_info,
+        memory_allocated,
         max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, reset_peak_memory_stats,
         reset_max_memory_allocated, set_per_process_memory_fraction, manual_seed, manual_seed_all, seed,
         seed_all, initial_seed, get_rng_state, set_rng_state, get_rng_state_all, set_rng_state_all,
