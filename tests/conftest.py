@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,23 @@ def run_py(
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def run_ranks(script: str, env: dict[str, str], *, world: int = 2, timeout: float = 180) -> list[Any]:
+    """Run ``script`` as ranks ``0..world-1`` (argv: rank, a free port) with ``env``; each rank's last
+    line of output, parsed as JSON, in rank order."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(rank), port], env=env, cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(world)
+    ]  # fmt: skip
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outs
 
 
 def last_json(proc: subprocess.CompletedProcess[str]) -> object:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import run_ranks
 from tests.sim.npu_backend import child_env, needs_backend, npu_backend_built
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
@@ -63,18 +59,7 @@ dist.destroy_process_group()
 @needs_backend
 @pytest.mark.usefixtures("npu_backend_built")
 def test_hccl_collectives_on_npu_tensors_equal_gloo_on_cpu() -> None:
-    port = str(free_port())
-    env = child_env()
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SCRIPT, str(rank), port], env=env, cwd=str(REPO),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]  # fmt: skip
-    outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outs = run_ranks(SCRIPT, child_env(), timeout=300)
     for rank, out in enumerate(outs):
         assert out["backend"] == "hccl"
         assert set(out["npu"]) == set(out["cpu"]) and len(out["npu"]) == 7

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, free_port, last_json, run_py
+from tests.conftest import last_json, run_py
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
@@ -146,24 +145,9 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("backend", ["hccl", "cpu:gloo,npu:hccl"])
 def test_hccl_runs_real_collectives_across_two_processes(backend: str) -> None:
-    import subprocess
-    import sys
+    from tests.conftest import clean_env, run_ranks
 
-    from tests.conftest import clean_env
-
-    port = str(free_port())
-    script = f"BACKEND = {backend!r}\n" + COLLECTIVES
-    env = clean_env(sim(), [str(SIM_SITE)])
-    procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(rank), port], env=env, cwd=str(REPO),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]  # fmt: skip
-    outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 0, stderr
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outs = run_ranks(f"BACKEND = {backend!r}\n" + COLLECTIVES, clean_env(sim(), [str(SIM_SITE)]))
     for out in outs:
         assert out["backend"] == backend
         assert out["sum"] == [3.0, 30.0]
