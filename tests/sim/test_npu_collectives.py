@@ -7,6 +7,8 @@ import pytest
 from tests.conftest import run_ranks
 from tests.sim.npu_backend import child_env, needs_backend, npu_backend_built
 
+#: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
+pytestmark = pytest.mark.same_on_every_stack
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
 __all__ = ["npu_backend_built"]

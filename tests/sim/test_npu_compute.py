@@ -6,6 +6,8 @@ import pytest
 
 from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json
 
+#: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
+pytestmark = pytest.mark.same_on_every_stack
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
 __all__ = ["npu_backend_built"]  # the fixture, used by name below

@@ -25,6 +25,8 @@ from npu_compat import _env
 from npu_compat.testing._ray import _free_port, _kill_leftovers, npu_ray_cluster
 from tests.conftest import REPO
 
+#: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
+pytestmark = pytest.mark.same_on_every_stack
 pytest.importorskip("ray", reason="needs ray (installed by the upstream stack sessions)")
 pytest.importorskip("trinity", reason="needs trinity-rft (installed by the upstream stack sessions)")
 
