@@ -192,6 +192,7 @@ def run(
     *,
     progress: Callable[[str], None] | None = None,
     stuck_after: float | None = None,
+    settle_after: tuple[str, float] | None = None,
 ) -> dict[str, object]:
     """Run the scenario once; return its summary (see the module docstring).
 
@@ -199,6 +200,8 @@ def run(
     boundary / infeasible request as it first appears in the logs, collecting).  ``stuck_after``:
     stop the driver that many seconds after Ray declared a request infeasible (:data:`INFEASIBLE`),
     with ``rc`` ``"stuck"``; ``None`` waits for the driver or the ``timeout`` (``rc`` ``"timeout"``).
+    ``settle_after=(stage, seconds)``: the same, that many seconds after ``stage`` first appeared with no
+    stage after it (a run known to hang there is not kept waiting for the whole bound).
     """
     say = progress or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +242,7 @@ def run(
                 start_new_session=True,
             )
             try:
-                summary["rc"] = _wait(proc, started + timeout, watch, say, stuck_after)
+                summary["rc"] = _wait(proc, started + timeout, watch, say, stuck_after, settle_after)
             finally:
                 if proc.poll() is None:  # an exception or an interrupt: the driver goes too
                     _stop_group(proc)
@@ -263,8 +266,10 @@ def _wait(
     watch: _LogWatch,
     say: Callable[[str], None],
     stuck_after: float | None,
+    settle_after: tuple[str, float] | None = None,
 ) -> int | str:
     """The driver's exit status, ``"timeout"`` at the deadline or ``"stuck"`` (see :func:`run`)."""
+    order = [name for name, _ in STAGES]
     while True:
         try:
             return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
@@ -279,6 +284,13 @@ def _wait(
         if stuck_after is not None and seen is not None:
             if time.monotonic() - watch.started >= seen + stuck_after:
                 say(f"stopping the driver: its request was still infeasible {stuck_after:.0f} s later")
+                _stop_group(proc)
+                return "stuck"
+        if settle_after is not None and settle_after[0] in watch.found:
+            stage, seconds = settle_after
+            later = [n for n in watch.found if n in order and order.index(n) > order.index(stage)]
+            if not later and time.monotonic() - watch.started >= watch.found[stage] + seconds:
+                say(f"stopping the driver: no stage after {stage} {seconds:.0f} s later")
                 _stop_group(proc)
                 return "stuck"
 
