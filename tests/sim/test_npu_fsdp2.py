@@ -41,7 +41,10 @@ base = memory()
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
 mesh = init_device_mesh(device_type, (2,), mesh_dim_names=("fsdp",))
-apply_fsdp2(model, {"mesh": mesh, "reshard_after_forward": True}, {})
+# the layer class named, as a verl config does: verl 0.7.1 falls back to ``model._no_split_modules``,
+# a set in transformers 5, and indexes it (TypeError on every device; verl 0.8 copes)
+wrap = {"wrap_policy": {"transformer_layer_cls_to_wrap": ["Qwen2DecoderLayer"]}}
+apply_fsdp2(model, {"mesh": mesh, "reshard_after_forward": True}, wrap)
 # one AdamW implementation on both (torch picks foreach for npu, as for cuda, and not for cpu)
 optim = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
 device = torch.device(device_type, rank) if device_type == "npu" else torch.device("cpu")

@@ -475,7 +475,11 @@ ids = torch.randint(0, model.config.vocab_size, (2, 7))
 stock = model(input_ids=ids).logits
 stock_grads = torch.autograd.grad(stock.square().mean(), list(model.parameters()))
 
-import verl.models.transformers.npu_patch  # noqa: F401  (patches Qwen2's RMSNorm, MLP and RoPE)
+# verl's FSDP workers' own entry (both 0.7.1 and 0.8.0): imports npu_patch, which patches Qwen2's RMSNorm,
+# MLP and RoPE first; on verl 0.7.1 with transformers 5 it then stops at Qwen2.5-VL's renamed RMSNorm and
+# verl logs "Failed to apply NPU patches" -- the Qwen2 patches are in place either way
+from verl.workers.engine.fsdp.utils import apply_npu_fsdp_patches
+apply_npu_fsdp_patches()
 from verl.utils import torch_functional
 patched = model(input_ids=ids).logits
 patched_grads = torch.autograd.grad(patched.square().mean(), list(model.parameters()))
