@@ -584,7 +584,18 @@ def test_pyhccl_is_disabled_for_a_single_rank() -> None:
 
 
 WEIGHTS = """
-import torch
+import logging, torch
+
+digests = []  # the simulation's "simulated weight sync (...)" log lines (npu_compat.testing._digest)
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("simulated weight sync"):
+            digests.append(record.getMessage())
+
+import vllm.logger  # noqa: E402  (vLLM configures its loggers when imported: add the handler after)
+
+logging.getLogger("vllm").addHandler(Keep())
 
 def make_weights():
     g = torch.Generator().manual_seed(7)
@@ -621,6 +632,7 @@ group.all_reduce(torch.zeros(1))                             # keep the store up
 group = HCCLWeightTransferEngine.trainer_init(dict(master_address="127.0.0.1", master_port=PORT2, world_size=2))
 HCCLWeightTransferEngine.trainer_send_weights(iter(weights.items()), HCCLTrainerSendWeightsArgs(group=group, packed=True))
 group.all_reduce(torch.zeros(1))
+out["digests"] = digests
 print(json.dumps(out))
 """
 )
@@ -698,6 +710,7 @@ out["worker_loaded"] = all(torch.equal(model.get_parameter(n).detach(), t) for n
 worker.weight_transfer_engine.model_update_group.all_reduce(torch.zeros(1))
 worker.shutdown()
 out["synchronized"] = torch.npu.call_count("synchronize") >= 1
+out["digests"] = digests
 print(json.dumps(out))
 """
 )
@@ -720,7 +733,13 @@ def test_hccl_weight_transfer_moves_named_tensors_across_two_processes() -> None
         return script
 
     trainer, receiver = run_ranks([fill(TRAINER), fill(RECEIVER)])
+    sent = trainer.pop("digests")
     assert trainer == {"trainer_rank": 0, "group": "PyHcclCommunicator"}
+    # each send is digested; the worker digests its model after the update: the bytes the trainer sent
+    assert [line.split(":")[0] for line in sent] == ["simulated weight sync (trainer sent)"] * 3
+    assert sent[0].split(": ")[1].startswith("4 tensors") and sent[2].split(": ")[1].startswith("3 tensors")
+    assert sent[0] != sent[2] and sent[1] != sent[2]  # other tensors, then doubled ones
+    assert receiver.pop("digests") == [sent[2].replace("(trainer sent)", "(rollout loaded)")]
     assert receiver["engine"] == "HCCLWeightTransferEngine" and receiver["rank"] == 1
     assert receiver["packed"] is True
     assert receiver["one_by_one"] is True

@@ -73,6 +73,7 @@ from vllm.v1.outputs import (
 from vllm.v1.worker.worker_base import WorkerBase
 
 from npu_compat.testing._boundary import host_device, needs_npu
+from npu_compat.testing._digest import LINE, WeightsDigest
 
 from .. import envs as envs_ascend
 from .._version import PAIRS_WITH_VLLM_0_23, VLLM_VERSION
@@ -94,6 +95,30 @@ _NZ_MESSAGE = (
     "FRACTAL_NZ mode is enabled. This may cause model parameter precision issues "
     "in the RL scenarios. Please set {fix}."
 )
+
+
+def _noting(received: dict, load_weights):
+    """``load_weights`` that also notes each name and the dtype it arrived in (simulation only)."""
+
+    def load(weights):
+        weights = list(weights)
+        for name, tensor in weights:
+            received[name] = tensor.dtype
+        return load_weights(weights)
+
+    return load
+
+
+def _log_weights_digest(model: nn.Module, received: dict) -> None:
+    """Simulation only: digest what the model holds now under the names just received (``_digest``)."""
+    if not received:
+        return
+    params = dict(model.named_parameters(remove_duplicate=False))
+    params.update(model.named_buffers(remove_duplicate=False))
+    digest = WeightsDigest()
+    for name, dtype in received.items():
+        digest.update(name, params[name].to(dtype))
+    logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
 
 
 def _weight_nz_mode(vllm_config: VllmConfig) -> object:
@@ -166,6 +191,7 @@ class NPUWorker(WorkerBase):
             self.weight_transfer_engine = None
             self._weight_update_active = False
             self._is_checkpoint_format = True
+            self._weights_received: dict[str, torch.dtype] = {}  # simulation only (_digest)
 
         # As the real one (a fix for vLLM commit de94289): changes vLLM's weight loading in this process.
         from vllm.model_executor.layers.linear import (
@@ -277,6 +303,7 @@ class NPUWorker(WorkerBase):
 
             self._is_checkpoint_format = is_checkpoint_format
             self._weight_update_active = True
+            self._weights_received = {}
 
         def update_weights(self, update_info: dict) -> None:
             """Receive a chunk of weights from the trainer and load them in place."""
@@ -285,6 +312,7 @@ class NPUWorker(WorkerBase):
 
             typed_update_info = self.weight_transfer_engine.parse_update_info(update_info)
             model = self.model_runner.model
+            received = self._weights_received  # simulation only: the names, digested after the update
 
             # state machine driven by start/finish.
             if not self._weight_update_active:
@@ -294,7 +322,7 @@ class NPUWorker(WorkerBase):
                 if self._is_checkpoint_format:
                     self.weight_transfer_engine.receive_weights(
                         typed_update_info,
-                        load_weights=model.load_weights,
+                        load_weights=_noting(received, model.load_weights),
                     )
                 else:
 
@@ -306,7 +334,7 @@ class NPUWorker(WorkerBase):
 
                     self.weight_transfer_engine.receive_weights(
                         typed_update_info,
-                        load_weights=load_weights_direct,
+                        load_weights=_noting(received, load_weights_direct),
                     )
 
             # HCCL broadcast / packed paths are asynchronous.
@@ -331,6 +359,8 @@ class NPUWorker(WorkerBase):
 
             self._weight_update_active = False
             self._is_checkpoint_format = True
+            _log_weights_digest(self.model_runner.model, self._weights_received)
+            self._weights_received = {}
 
         def shutdown(self) -> None:
             if ensure_kv_transfer_shutdown is not None:

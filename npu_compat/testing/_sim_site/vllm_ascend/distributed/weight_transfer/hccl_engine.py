@@ -34,7 +34,10 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from vllm.logger import logger
+
 from npu_compat.testing._boundary import host_device
+from npu_compat.testing._digest import LINE, WeightsDigest
 
 from .packed_tensor import (
     DEFAULT_PACKED_BUFFER_SIZE_BYTES,
@@ -213,9 +216,15 @@ class HCCLWeightTransferEngine(
 
         if args.post_iter_func is None:
             # Default: extract just the tensor from (name, tensor) tuple
-            post_iter_func = lambda x: x[1]  # noqa: E731
+            sent = lambda x: x[1]  # noqa: E731
         else:
-            post_iter_func = args.post_iter_func
+            sent = args.post_iter_func
+        digest = WeightsDigest()  # simulation only: what was sent, for the rollout side to match
+
+        def post_iter_func(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+            tensor = sent(item)
+            digest.update(item[0], tensor)
+            return tensor
 
         if args.packed:
             # Use packed tensor broadcasting for efficiency
@@ -238,6 +247,7 @@ class HCCLWeightTransferEngine(
                     src=args.src,
                     stream=args.stream or torch.npu.current_stream(),
                 )
+        logger.info(LINE, "trainer sent", digest.count, digest.hexdigest())
 
     @staticmethod
     def trainer_init(
