@@ -331,6 +331,16 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         remove_when=_NATIVE_RELEASE,
     ),
     PatchSpec(
+        "trinity.vllm_model.weights_not_nz", "trinity.common.models.vllm_model:vLLMRolloutModel.__init__",
+        distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_P + "trinity_vllm:has_npu_worker",
+        wrapper=_P + "trinity_vllm:weights_not_nz",
+        why="vllm-ascend's VLLM_ASCEND_ENABLE_NZ defaults to 1, and its NPUWorker then refuses the RL weight "
+        "update ('FRACTAL_NZ mode is enabled', row N1): the rollout's vLLM engine gets 0 unless the user "
+        "set it, as verl's own vLLM rollout does on NPU",
+        upstream_fix="Trinity's merged NPU support sets it like verl (VLLM_ASCEND_REQUIRED_ENV_VARS)",
+        remove_when=_NATIVE_RELEASE,
+    ),
+    PatchSpec(
         "trinity.config_validator.npu_memory_check",
         "trinity.common.config_validator:GPUMemoryValidator.validate_trainer_memory_usage",
         distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,

@@ -84,6 +84,11 @@ TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 #: vLLM's allow-list of plugins; when set, it must name ``npu_compat`` for the vLLM seam to load.
 VLLM_PLUGINS = "VLLM_PLUGINS"
 
+# vllm-ascend's (not ours): set for Trinity's vLLM rollout by the patch ``trinity.vllm_model.weights_not_nz``.
+#: Weight FRACTAL_NZ format: vllm-ascend's default ``1`` makes its ``NPUWorker`` refuse RL weight updates
+#: (``start_weight_update``; ``wake_up``) until it is ``0``.  A value the user set is left alone.
+VLLM_ASCEND_ENABLE_NZ = "VLLM_ASCEND_ENABLE_NZ"
+
 # Ray's token authentication (not ours): read by ``doctor``, and set by the simulated Ascend's
 # NPU-only Ray cluster for itself and every client it serves.
 #: ``token``, ``disabled`` (or ``k8s``).  Unset, ``ray start --head`` turns token authentication

@@ -7,6 +7,10 @@
   the same import path, with Trinity's two methods on top of vllm-ascend's ``NPUWorker``.
   vLLM resolves the path inside each worker process it spawns, where the bootstrap
   (the ``.pth`` line or the vLLM plugin) has already activated npu-compat.
+* ``vLLMRolloutModel.__init__`` (N1): vllm-ascend's ``NPUWorker`` refuses RL weight updates
+  while ``VLLM_ASCEND_ENABLE_NZ`` is its default ``1``; verl sets ``0`` for its own vLLM rollout on
+  NPU, Trinity does not.  The rollout actor's environment gets ``0`` (unless the user set it)
+  before it builds the engine, whose processes inherit it.
 * ``VLLMWeightTransferEngine`` (A17): the trainer side of ``sync_method: nccl`` calls
   vLLM's ``NCCLWeightTransferEngine`` directly (so vllm-ascend's factory remap of "nccl"
   does not reach it) and tears down with ``destroy()``, which ``PyHcclCommunicator`` lacks.
@@ -15,8 +19,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
+
+from .. import _env
 
 
 def npu_worker_class(original: Any) -> Any:
@@ -94,6 +101,16 @@ def hccl_engine_class(original: Any) -> Any:
     from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLWeightTransferEngine
 
     return HCCLWeightTransferEngine
+
+
+def weights_not_nz(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``vLLMRolloutModel.__init__``: ``VLLM_ASCEND_ENABLE_NZ=0`` for the vLLM engine it builds (N1).
+
+    Set in the actor's environment before the engine exists, so its EngineCore and worker
+    processes inherit it -- where verl's vLLM rollout sets it too; a value already set is kept.
+    """
+    os.environ.setdefault(_env.VLLM_ASCEND_ENABLE_NZ, "0")
+    return wrapped(*args, **kwargs)
 
 
 def has_hccl_engine() -> str | None:

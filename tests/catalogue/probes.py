@@ -648,6 +648,19 @@ def _actor_started(actor: Any, timeout: float) -> dict[str, Any]:
         time.sleep(0.5)
 
 
+def probe_N1() -> dict[str, Any]:
+    """Trinity's rollout model, built as its actor builds it, must leave the NPUWorker of the vLLM
+    engine it starts (which inherits its environment) able to begin a weight update."""
+    from trinity.common.config import InferenceModelConfig
+    from trinity.common.models.vllm_model import vLLMRolloutModel
+    from vllm_ascend.worker.worker import NPUWorker
+
+    vLLMRolloutModel(_sampling_defaults(InferenceModelConfig(engine_num=1, tensor_parallel_size=1)))
+    worker = _stub(weight_transfer_engine=object(), _weight_update_active=False)  # after load_model
+    NPUWorker.start_weight_update(worker, is_checkpoint_format=False)
+    return {"nz": os.environ.get("VLLM_ASCEND_ENABLE_NZ"), "update_active": worker._weight_update_active}
+
+
 #: 0.5.2's init_process_group is the same function as 0.6.0's (row 15 = A16).
 probe_r15 = probe_A16
 

@@ -59,6 +59,9 @@ ROWS: tuple[Row, ...] = (
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
     Row("A30", "0.6.0", "verl<0.8", "CRASH", "trinity.trainer.verl_legacy.fsdp_workers:ActorRolloutRefWorker.sync_weight",
         "AssertionError: Torch not compiled with CUDA enabled", 6, fixed=True),
+    # N rows: not on the map, found by npu-compat's own whole runs (tests/e2e/FINDINGS.md)
+    Row("N1", "0.6.0", "any", "CRASH", "trinity.common.models.vllm_model:vLLMRolloutModel.__init__",
+        "ValueError: FRACTAL_NZ mode is enabled", 16, fixed=True),
     # trinity-rft 0.5.2 (stack c)
     Row("1", "0.5.2", "any", "WRONG", "trinity.common.config_validator:RayClusterConfigValidator._set_cluster_info",
         "AssertionError: Trinity counted 0 accelerators per node", 7, fixed=True),

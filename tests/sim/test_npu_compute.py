@@ -70,6 +70,45 @@ def test_npu_tensors_compute_and_alias_like_cpu_tensors() -> None:
 
 
 @computes
+def test_autocast_on_npu_casts_as_on_cuda_and_passes_every_other_op_through() -> None:
+    """Under ``torch.autocast("npu", bfloat16)`` (verl's FSDP forward), as under CUDA's policy: a linear
+    runs in bfloat16, softmax and the loss in float32, mixed inputs promote, everything else passes
+    through unchanged -- and each result equals the same casts written out by hand on CPU."""
+    out = sim_json(
+        """
+        import json, torch
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        lin, x, t = torch.nn.Linear(8, 4), torch.randn(3, 8), torch.tensor([0, 3, 1])
+        npu = torch.nn.Linear(8, 4, device="npu")
+        npu.load_state_dict(lin.state_dict())
+        xn, tn = x.npu(), t.npu()
+        with torch.autocast("npu", dtype=torch.bfloat16):
+            y = npu(xn)                                     # lower_precision_fp
+            soft = torch.softmax(y, dim=-1)                 # fp32_set_opt_dtype
+            loss = F.cross_entropy(y, tn)                   # nll_loss: fp32 (see below)
+            copied = torch.empty_like(xn).copy_(xn)         # on no list: passes through
+            promoted = torch.addcmul(xn, y.sum(-1, keepdim=True).expand(3, 8), xn)  # promote
+        loss.backward()
+        # by hand on CPU: the casts the policy makes
+        y_ref = F.linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16())
+        # cross_entropy's composite passes log_softmax an explicit dtype (bfloat16), which the policy keeps
+        loss_ref = F.nll_loss(torch.log_softmax(y_ref, -1, dtype=torch.bfloat16).float(), t)
+        loss_ref.backward()
+        same = lambda a, b: torch.equal(a.cpu(), b)
+        print(json.dumps({
+            "dtypes": [str(v.dtype) for v in (y, soft, loss, copied, promoted)], "device": str(y.device),
+            "y": same(y, y_ref), "soft": same(soft, torch.softmax(y_ref.float(), -1)),
+            "loss": same(loss, loss_ref), "grad": same(npu.weight.grad, lin.weight.grad),
+        }))
+        """
+    )
+    assert out["device"] == "npu:0"
+    assert out["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.float32", "torch.float32"]
+    assert out["y"] and out["soft"] and out["loss"] and out["grad"]
+
+
+@computes
 def test_memory_stats_count_real_allocations_against_the_capacity() -> None:
     out = sim_json(
         """
