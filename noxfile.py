@@ -92,30 +92,50 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     session.install("--no-deps", ".")
 
 
-#: Tests marked ``same_on_every_stack`` touch torch and Ray alone (the simulated npu backend, hccl, the Ray
-#: cluster's authentication); while every stack pins these two alike, they run in stack-a only.
-SHARED_PINS = ("torch", "ray")
+#: What each stack runs, to keep CI within its time.  ``beyond_ci`` cells (long end-to-end runs whose
+#: checks the CI cells cover too) run on request only.  Stack-a runs every other test; the others skip
+#: the tests whose outcome cannot differ from stack-a's, judged from their pins and the test's markers:
+#: * ``same_on_every_stack``: torch and Ray alone (the simulated npu backend, hccl, the Ray cluster's
+#:   authentication) -- run where a stack pins either differently from stack-a;
+#: * ``uses_verl``: verl (Trinity's trainer side) -- a stack that differs from stack-a in verl alone
+#:   (stack-b) runs only these.  Everything else imports no verl, so it is stack-a's test again there.
+SHARED_PINS = frozenset({"torch", "ray"})
+VERL = "verl"
 
 
-def _pin(pins: str, distribution: str) -> str | None:
+def _pin_versions(pins: str) -> dict[str, str]:
+    out = {}
     for line in (ROOT / "stacks" / pins).read_text().splitlines():
-        if line.split("==")[0].strip().lower() == distribution:
-            return line.strip()
-    return None
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, version = line.split("==", 1)
+            out[name.strip().lower()] = version.strip()
+    return out
 
 
-def _runs_shared_tests(name: str) -> bool:
-    if name == "a":
-        return True
-    return any(_pin(STACKS[name], d) != _pin(STACKS["a"], d) for d in SHARED_PINS)
+def _differs_from_a(name: str) -> frozenset[str]:
+    """The distributions stack ``name`` pins differently from stack-a (or only one of them pins)."""
+    mine, a = _pin_versions(STACKS[name]), _pin_versions(STACKS["a"])
+    return frozenset(d for d in mine.keys() | a.keys() if mine.get(d) != a.get(d))
+
+
+def _marks(name: str) -> list[str]:
+    """``-m`` for stack ``name``'s pytest run; a ``-m`` among the session's arguments wins (pytest
+    keeps the last), e.g. ``nox -s stack-a -- -m beyond_ci`` for the cells CI leaves out."""
+    terms = ["not beyond_ci"]
+    if name != "a":
+        differs = _differs_from_a(name)
+        if not differs & SHARED_PINS:
+            terms.append("not same_on_every_stack")
+        if differs <= {VERL}:
+            terms.append("uses_verl")
+    return ["-m", " and ".join(terms)]
 
 
 def _stack_session(name: str, pins: str) -> None:
     @nox.session(name=f"stack-{name}", python="3.11")
     def stack(session: nox.Session) -> None:
         _install_stack(session, pins)
-        marks = [] if _runs_shared_tests(name) else ["-m", "not same_on_every_stack"]
-        session.run("pytest", "tests", *marks, *session.posargs)
+        session.run("pytest", "tests", *_marks(name), *session.posargs)
 
     stack.__doc__ = f"Every test against the real upstream stack {pins[:-4]}."
 

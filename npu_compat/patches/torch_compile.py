@@ -6,8 +6,11 @@ helpers fail or fall back at the first training step.  The report says which way
 the patches below are ``applied`` (compile off) or ``skipped`` with the backend found.
 
 * trinity-rft 0.6.0 with verl >= 0.8 (row A26): ``_build_actor_config`` writes
-  ``use_torch_compile: True``; it becomes False.  The user's ``trainer_config`` overrides are
-  merged after this function, so a ``use_torch_compile`` set there still wins.
+  ``use_torch_compile: True``, and its FSDP engine config (``fsdp_config``) leaves verl's
+  ``FSDPEngineConfig.use_torch_compile`` at its default True -- the one verl 0.8's FSDP engine
+  reads when it compiles ``entropy_from_logits`` (found by the whole run); both become False.
+  The user's ``trainer_config`` overrides are merged after this function, so a
+  ``use_torch_compile`` set there still wins.
 * verl 0.7.1 (trinity 0.5.2 row 29, and trinity 0.6.0's legacy trainer): ``DataParallelPPOActor``
   compiles ``entropy_from_logits`` (and ``calculate_sum_pi_squared_from_logits``) unless its
   config says ``use_torch_compile: False``; Trinity's configs have no such key.  When the key is
@@ -37,6 +40,10 @@ def actor_config_without_compile(
     actor = wrapped(*args, **kwargs)
     if isinstance(actor, dict) and actor.get("use_torch_compile"):
         actor["use_torch_compile"] = False
+    # verl 0.8's FSDP engine reads its own config (FSDPEngineConfig.use_torch_compile, default True)
+    engine = actor.get("fsdp_config") if isinstance(actor, dict) else None
+    if isinstance(engine, dict) and engine.get("use_torch_compile", True):
+        engine["use_torch_compile"] = False
     return actor
 
 

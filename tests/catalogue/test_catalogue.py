@@ -26,6 +26,9 @@ from npu_compat.testing import SIM_SITE, simulation_env
 from tests.catalogue.rows import Row, applicable
 from tests.conftest import REPO, clean_env
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 try:
     TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
 except md.PackageNotFoundError:

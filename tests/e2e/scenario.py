@@ -59,6 +59,9 @@ STAGES: list[tuple[str, str]] = [
     ("weight_sync_group_formed", r"Weight sync group setup complete"),
     ("explore_step_started", r"Explore step 1 started"),
     ("train_step_started", r"Training at step 1 started"),
+    ("train_step_finished", r"Training at step 1 finished"),
+    ("second_train_step_finished", r"Training at step 2 finished"),
+    ("rollout_on_weight_version_2", r"Explorer sync_weights at step 2 finished, model version = 2"),
 ]
 
 #: Where the simulated Ascend cannot compute (harness, not npu-compat): label -> pattern in the logs.
@@ -338,6 +341,44 @@ _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)?(?:\(\w+ pid=\d+\)(?:\x1b\[0m)? )?(?:\w+ [\d-]+ [\d:]+ \[[\w.]+:\d+\] )?"
 )
 _ERROR = re.compile(r"^([\w.]*(?:Error|Exception|Boundary)): (.+)$")
+
+
+_SYNC = re.compile(r"simulated weight sync \((trainer sent|rollout loaded)\): (\d+) tensors, sha256 (\w+)")
+_TRAINER_STEP = re.compile(r"\(Trainer pid=\d+\).*\[monitor\.py:\d+\] Step (\d+): (\{.*\})")
+
+
+def weight_syncs(out: Path) -> list[dict[str, str]]:
+    """Each weight sync of a run, in order: the digest the trainer sent and the one the rollout's model
+    holds after loading it (``npu_compat.testing._digest``), as the two processes logged them."""
+    sent: list[str] = []
+    loaded: list[str] = []
+    for side, count, digest in _SYNC.findall(_driver_log(out)):
+        (sent if side == "trainer sent" else loaded).append(f"{count} tensors, sha256 {digest}")
+    return [{"sent": s, "loaded": lo} for s, lo in zip(sent, loaded, strict=False)] + [
+        {"sent": s, "loaded": ""} for s in sent[len(loaded) :]
+    ]
+
+
+def train_steps(out: Path) -> list[dict[str, float]]:
+    """The Trainer's metrics of each step (its monitor's ``Step N: {...}`` line): reward and actor loss."""
+    import ast
+
+    steps = []
+    for step, metrics in _TRAINER_STEP.findall(_driver_log(out)):
+        values = ast.literal_eval(metrics)
+        steps.append({
+            "step": int(step),
+            "reward_mean": values.get("critic/rewards/mean"),
+            "pg_loss": values.get("actor/pg_loss"),
+            "grad_norm": values.get("actor/grad_norm"),
+        })  # fmt: skip
+    return steps
+
+
+def _driver_log(out: Path) -> str:
+    """The driver's output: every process's lines once (Ray forwards them, prefixed with the actor)."""
+    path = out / "driver.log"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def first_error(out: Path) -> str | None:

@@ -10,6 +10,9 @@ import pytest
 from npu_compat.testing import SIM_SITE, simulation_env
 from tests.conftest import last_json, run_py
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 pytest.importorskip("trinity", reason="needs trinity-rft (installed by the upstream stack sessions)")
 
 PROBE = """
@@ -21,7 +24,12 @@ out = {}
 if md.version("trinity-rft").startswith("0.6") and not md.version("verl").startswith("0.7"):
     from trinity.common.config import Config
     from trinity.trainer.verl.config import _build_actor_config
-    out["compiled"] = _build_actor_config(Config(), "fsdp2", 10)["use_torch_compile"]
+    from verl.workers.config.engine import FSDPEngineConfig
+    actor = _build_actor_config(Config(), "fsdp2", 10)
+    # what verl 0.8's FSDP engine reads (its entropy is compiled when True), as verl builds it
+    engine = FSDPEngineConfig(**{k: v for k, v in actor["fsdp_config"].items() if k == "use_torch_compile"})
+    out["compiled"] = actor["use_torch_compile"] and engine.use_torch_compile
+    out["engine_compiled"] = engine.use_torch_compile
 else:
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -55,6 +63,7 @@ def test_stock_compiles() -> None:
 def test_off_on_npu_without_a_compiler_backend() -> None:
     out = _run(activate=True)
     assert out["compiled"] is False
+    assert out.get("engine_compiled", False) is False  # verl 0.8's FSDP engine: its own key
     assert len(_applied(out["report"])) == 1  # the one patch for this stack's trainer path
 
 

@@ -32,6 +32,9 @@ from npu_compat.patches.trinity_devices import CUDA_ADVICE, NPU_ADVICE
 from npu_compat.testing import SIM_SITE, simulation_env
 from tests.conftest import last_json, run_py
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 try:
     TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
 except md.PackageNotFoundError:

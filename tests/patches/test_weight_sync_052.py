@@ -35,6 +35,9 @@ import pytest
 from npu_compat.testing import SIM_SITE, simulation_env
 from tests.conftest import REPO, clean_env
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 try:
     if not md.version("trinity-rft").startswith("0.5."):
         pytest.skip("WorkerExtension.update_weight is trinity-rft 0.5's weight sync", allow_module_level=True)

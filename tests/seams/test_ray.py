@@ -25,6 +25,9 @@ pytest.importorskip("ray", reason="needs ray (installed by the upstream stack se
 
 from npu_compat.testing._ray import npu_ray_cluster
 
+#: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
+pytestmark = pytest.mark.same_on_every_stack
+
 DRIVER = """
 import json, os, sys
 ACTIVATE = {activate}

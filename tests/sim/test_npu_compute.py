@@ -104,7 +104,13 @@ def test_autocast_on_npu_casts_as_on_cuda_and_passes_every_other_op_through() ->
         """
     )
     assert out["device"] == "npu:0"
-    assert out["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.float32", "torch.float32"]
+    assert out["dtypes"] == [
+        "torch.bfloat16",
+        "torch.float32",
+        "torch.float32",
+        "torch.float32",
+        "torch.float32",
+    ]
     assert out["y"] and out["soft"] and out["loss"] and out["grad"]
 
 

@@ -18,6 +18,9 @@ import pytest
 from tests.conftest import REPO, clean_env, free_port
 from tests.sim.npu_backend import child_env, needs_backend, npu_backend_built
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 pytest.importorskip("verl", reason="needs verl (installed by the upstream stack sessions)")
 torch = pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 

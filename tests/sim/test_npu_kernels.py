@@ -15,6 +15,9 @@ import pytest
 from npu_compat.testing import SIM_SITE, simulation_env
 from tests.conftest import last_json, run_py
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 torch = pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 F = torch.nn.functional
 

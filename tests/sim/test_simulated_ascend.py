@@ -10,6 +10,9 @@ import pytest
 from npu_compat.testing import SIM_SITE, simulation_env
 from tests.conftest import last_json, run_py
 
+#: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
+pytestmark = pytest.mark.same_on_every_stack
+
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
 

@@ -8,6 +8,9 @@ import pytest
 
 from tests.conftest import run_py
 
+#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
+pytestmark = pytest.mark.uses_verl
+
 try:
     TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
 except md.PackageNotFoundError:

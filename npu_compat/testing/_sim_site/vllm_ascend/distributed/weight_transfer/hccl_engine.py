@@ -33,7 +33,6 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
-
 from vllm.logger import logger
 
 from npu_compat.testing._boundary import host_device
