@@ -656,8 +656,9 @@ def probe_N1() -> dict[str, Any]:
     from vllm_ascend.worker.worker import NPUWorker
 
     vLLMRolloutModel(_sampling_defaults(InferenceModelConfig(engine_num=1, tensor_parallel_size=1)))
-    worker = _stub(weight_transfer_engine=object(), _weight_update_active=False)  # after load_model
-    NPUWorker.start_weight_update(worker, is_checkpoint_format=False)
+    worker = NPUWorker.__new__(NPUWorker)  # the state load_model() leaves (harness: no engine, no model)
+    worker.weight_transfer_engine, worker._weight_update_active = object(), False
+    worker.start_weight_update(is_checkpoint_format=False)
     return {"nz": os.environ.get("VLLM_ASCEND_ENABLE_NZ"), "update_active": worker._weight_update_active}
 
 
