@@ -26,21 +26,15 @@ class WeightsDigest:
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
         self.count = 0
-        self.dtypes: dict[str, Any] = {}
 
     def update(self, name: str, tensor: Any) -> None:
+        import torch  # only where tensors are digested: the module imports without torch
+
         data = tensor.detach().reshape(-1).contiguous().cpu()
         self._hash.update(name.encode())
         self._hash.update(str(data.dtype).encode())
-        self._hash.update(data.view(dtype=_uint8()).numpy().tobytes())
-        self.dtypes[name] = data.dtype
+        self._hash.update(data.view(dtype=torch.uint8).numpy().tobytes())
         self.count += 1
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()[:16]
-
-
-def _uint8() -> Any:
-    import torch
-
-    return torch.uint8

@@ -20,6 +20,7 @@ way out of :func:`run` (an exception or Ctrl-C included), and the cluster stoppe
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -354,9 +355,7 @@ def weight_syncs(out: Path) -> list[dict[str, str]]:
     loaded: list[str] = []
     for side, count, digest in _SYNC.findall(_driver_log(out)):
         (sent if side == "trainer sent" else loaded).append(f"{count} tensors, sha256 {digest}")
-    return [{"sent": s, "loaded": lo} for s, lo in zip(sent, loaded, strict=False)] + [
-        {"sent": s, "loaded": ""} for s in sent[len(loaded) :]
-    ]
+    return [{"sent": s, "loaded": lo} for s, lo in itertools.zip_longest(sent, loaded, fillvalue="")]
 
 
 def train_steps(out: Path) -> list[dict[str, float]]:
