@@ -98,6 +98,9 @@ RAY_AUTH_MODE = "RAY_AUTH_MODE"
 RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
 #: A file holding the token; wins over Ray's default file ``~/.ray/auth_token``.
 RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+#: The cluster a ``ray.init()`` without an address connects to; the simulated Ascend's cluster sets it
+#: for its own processes (its temp dir is private, so Ray's ``ray_current_cluster`` file is not found).
+RAY_ADDRESS = "RAY_ADDRESS"
 
 #: The device variables a per-process report may contain, besides ``NPU_COMPAT*``
 #: (no other environment value is ever written to a report).

@@ -103,6 +103,11 @@ def npu_ray_cluster(
     auth_env = cluster_auth_env(temp_dir)
     cluster_env.pop(_env.RAY_AUTH_TOKEN, None)  # an inherited token would win over the cluster's file
     cluster_env.update(auth_env)
+    # Every process of the cluster inherits this env: one that is not a Ray worker but calls
+    # ``ray.init()`` (vLLM's worker processes, whose parent is a Ray actor, look up Trinity's
+    # Synchronizer) finds a cluster started with Ray's default temp dir through its
+    # ``ray_current_cluster`` file; this one's temp dir is private, so it is named here.
+    cluster_env[_env.RAY_ADDRESS] = f"127.0.0.1:{port}"
     ray_bin = str(Path(sys.executable).with_name("ray"))
     argv = [
         *(command_prefix or []),
