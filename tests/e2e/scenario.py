@@ -164,24 +164,43 @@ def _collect(cluster_temp: Path, out: Path) -> None:
         shutil.copytree(logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
 
 
-def _config(workdir: Path, cluster: str) -> Path:
+def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode: str = "both") -> Path:
     """The bundled config; with ``cluster="explicit"`` a copy that states ``node_num``/``gpu_per_node``.
 
     Stating them is what a user can do in the YAML to get past Trinity's own count of the cluster's
     ``"GPU"`` resources (``RayClusterConfigValidator._set_cluster_info``), which finds 0 on Ascend.
     ``cluster="explore"`` also switches to mode ``explore`` (the rollout side alone: in mode ``both``
     the Trainer actor's constructor builds the FSDP models before the Explorer prepares anything).
+    ``sync_method`` other than ``nccl`` replaces the config's ``synchronizer.sync_method``;
+    ``trinity_mode`` ``explore`` or ``train`` makes the config of one of the two commands of a split run
+    (:data:`SPLIT`): that mode, and the experience buffer in SQLite under the checkpoint directory the
+    two share (a ``queue`` is an actor of the command that made it, gone when that command ends).
     """
-    if cluster == "auto":
+    if cluster == "auto" and sync_method == "nccl" and trinity_mode == "both":
         return CONFIG
-    text = CONFIG.read_text().replace(
-        "  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 2", 1
-    )
+    text = CONFIG.read_text()
+    if cluster not in {"auto", "split"}:
+        text = text.replace("  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 2", 1)
     if cluster == "explore":
-        text = text.replace("\nmode: both\n", "\nmode: explore\n", 1)
-    path = workdir / f"trinity_tiny.{cluster}.yaml"
+        trinity_mode = "explore"
+    text = text.replace("\nmode: both\n", f"\nmode: {trinity_mode}\n", 1)
+    text = text.replace("  sync_method: nccl\n", f"  sync_method: {sync_method}\n", 1)
+    if cluster == "split":
+        text = text.replace("      storage_type: queue\n", "      storage_type: sql\n", 1)
+        # mode train wants it stated (mode both derives it: batch_size x repeat_times)
+        text = text.replace("  batch_size: 2\n", "  batch_size: 2\n  train_batch_size: 4\n", 1)
+        if trinity_mode == "train":  # Trinity gives a trainer alone every accelerator it counts: 1 of 2
+            text = text.replace(
+                "  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 1", 1
+            )
+    path = workdir / f"trinity_tiny.{cluster}.{trinity_mode}.{sync_method}.yaml"
     path.write_text(text)
     return path
+
+
+#: ``cluster="split"``: the run as two commands on one cluster, sharing its checkpoint directory --
+#: Trinity's mode ``explore`` and mode ``train``, whose only weight sync is ``checkpoint``.
+SPLIT = ("explore", "train")
 
 
 #: Seconds between two reads of the growing logs while the driver runs.
@@ -194,6 +213,7 @@ def run(
     timeout: float = 600,
     cluster: str = "auto",
     *,
+    sync_method: str = "nccl",
     progress: Callable[[str], None] | None = None,
     stuck_after: float | None = None,
     settle_after: tuple[str, float] | None = None,
@@ -220,11 +240,16 @@ def run(
     )  # fmt: skip
     prefix = [sys.executable, "-m", "npu_compat"] if mode == "compat" else None
     trinity = str(Path(sys.executable).with_name("trinity"))
-    config = _config(workdir, cluster)
-    argv = [*(prefix or []), trinity, "run", "--config", str(config)]
-    summary: dict[str, object] = {"mode": mode, "cluster": cluster}
+    if cluster == "split":
+        sync_method = "checkpoint"
+        configs = {m: _config(workdir, cluster, sync_method, m) for m in SPLIT}
+    else:
+        configs = {"both": _config(workdir, cluster, sync_method)}
+    summary: dict[str, object] = {"mode": mode, "cluster": cluster, "sync_method": sync_method}
     what = "`python -m npu_compat trinity run`" if prefix else "stock `trinity run`"
-    what += f" --config {config.name} (mode {'explore' if cluster == 'explore' else 'both'}, bound {timeout:.0f} s)"
+    names = " and ".join(f"--config {c.name}" for c in configs.values())
+    modes = " + ".join("explore" if cluster == "explore" else m for m in configs)
+    what += f" {names} (mode {modes}, bound {timeout:.0f} s)"
     how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
     say(f"starting the simulated NPU-only Ray cluster ({{'NPU': 2}}, no GPU; {how})")
     with npu_ray_cluster(npus=2, cpus=4, env=env, command_prefix=prefix, start_timeout=180) as ray_cluster:
@@ -235,21 +260,32 @@ def run(
         patterns |= {f"boundary: {label}": pattern for label, pattern in BOUNDARIES.items()}
         patterns["infeasible"] = INFEASIBLE
         logs = ray_cluster.temp_dir / "session_latest" / "logs"
-        watch = _LogWatch([out / "driver.log", logs, workdir / "trinity-logs"], patterns, started)
-        with (out / "driver.log").open("wb") as log:
-            proc = subprocess.Popen(
-                argv,
-                env=driver_env,
-                cwd=workdir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # one driver: driver.log; two: driver.<mode>.log each, joined into driver.log once both ended
+        outputs = {m: out / ("driver.log" if len(configs) == 1 else f"driver.{m}.log") for m in configs}
+        watch = _LogWatch([*outputs.values(), logs, workdir / "trinity-logs"], patterns, started)
+        with contextlib.ExitStack() as stack:
+            procs = []
+            for m, config in configs.items():
+                log = stack.enter_context(outputs[m].open("wb"))
+                argv = [*(prefix or []), trinity, "run", "--config", str(config)]
+                procs.append(
+                    subprocess.Popen(
+                        argv,
+                        env=driver_env,
+                        cwd=workdir,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
             try:
-                summary["rc"] = _wait(proc, started + timeout, watch, say, stuck_after, settle_after)
+                summary["rc"] = _wait(procs, started + timeout, watch, say, stuck_after, settle_after)
             finally:
-                if proc.poll() is None:  # an exception or an interrupt: the driver goes too
-                    _stop_group(proc)
+                for proc in procs:
+                    if proc.poll() is None:  # an exception or an interrupt: the drivers go too
+                        _stop_group(proc)
+        if len(configs) > 1:
+            (out / "driver.log").write_bytes(b"".join(path.read_bytes() for path in outputs.values()))
         summary["wall_s"] = round(time.monotonic() - started, 1)
         watch.poll()
         summary["stage_s"] = dict(watch.found)
@@ -265,38 +301,48 @@ def run(
 
 
 def _wait(
-    proc: subprocess.Popen[bytes],
+    procs: list[subprocess.Popen[bytes]],
     deadline: float,
     watch: _LogWatch,
     say: Callable[[str], None],
     stuck_after: float | None,
     settle_after: tuple[str, float] | None = None,
 ) -> int | str:
-    """The driver's exit status, ``"timeout"`` at the deadline or ``"stuck"`` (see :func:`run`)."""
+    """The drivers' exit status, ``"timeout"`` at the deadline or ``"stuck"`` (see :func:`run`).
+
+    With several drivers: 0 once all exited 0; the first that fails stops the others (a driver waiting
+    on one that is gone would wait for the whole bound) and its status is the run's."""
     order = [name for name, _ in STAGES]
+
+    def stop(verdict: int | str) -> int | str:
+        for proc in procs:
+            if proc.poll() is None:
+                _stop_group(proc)
+        return verdict
+
     while True:
-        try:
-            return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            pass
+        codes = [proc.poll() for proc in procs]
+        failed = next((code for code in codes if code), None)
+        if failed is not None:
+            return stop(failed)
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
         for name in watch.poll():
             say(f"  +{watch.found[name]:.0f} s in the run: {_describe(name)}")
         if time.monotonic() >= deadline:
-            _stop_group(proc)
-            return "timeout"
+            return stop("timeout")
         seen = watch.found.get("infeasible")
         if stuck_after is not None and seen is not None:
             if time.monotonic() - watch.started >= seen + stuck_after:
                 say(f"stopping the driver: its request was still infeasible {stuck_after:.0f} s later")
-                _stop_group(proc)
-                return "stuck"
+                return stop("stuck")
         if settle_after is not None and settle_after[0] in watch.found:
             stage, seconds = settle_after
             later = [n for n in watch.found if n in order and order.index(n) > order.index(stage)]
             if not later and time.monotonic() - watch.started >= watch.found[stage] + seconds:
                 say(f"stopping the driver: no stage after {stage} {seconds:.0f} s later")
-                _stop_group(proc)
-                return "stuck"
+                return stop("stuck")
 
 
 def _describe(name: str) -> str:
@@ -358,6 +404,54 @@ def weight_syncs(out: Path) -> list[dict[str, str]]:
     return [{"sent": s, "loaded": lo} for s, lo in itertools.zip_longest(sent, loaded, fillvalue="")]
 
 
+def rollout_loads(out: Path) -> list[str]:
+    """The digest of what the rollout's model held after each weight update (every sync method)."""
+    return [
+        f"{n} tensors, sha256 {d}"
+        for side, n, d in _SYNC.findall(_driver_log(out))
+        if side == "rollout loaded"
+    ]
+
+
+#: Digests the checkpoint directory argv[1]: read with Trinity's own loader (``loader``), or the trainer's
+#: one FSDP shard as it was saved (``shard``); run on a simulated Ascend host.
+_DIGEST_CHECKPOINT = """
+import sys, torch
+from npu_compat.testing._digest import digest_of
+path, how = sys.argv[1], sys.argv[2]
+if how == "loader":
+    from trinity.common.models.utils import load_state_dict_iterator
+    pairs = load_state_dict_iterator(path)
+else:
+    state = torch.load(path + "/model_world_size_1_rank_0.pt", weights_only=False)
+    pairs = ((name, t.to_local() if hasattr(t, "to_local") else t) for name, t in state.items())
+print(digest_of(pairs))
+"""
+
+
+def trainer_checkpoint(out: Path, how: str = "loader") -> tuple[int, str] | None:
+    """The trainer's last saved checkpoint (``global_step_N/actor`` under the run's checkpoint
+    directory), as ``(N, digest)``, digested as the rollout side digests what it loaded (``_digest``).
+
+    ``how="loader"``: the weights read back with Trinity's own loader, what its checkpoint weight
+    transfer reads (it merges FSDP shards into bfloat16).  ``how="shard"``: the trainer's single FSDP
+    shard as verl saved it (one trainer rank), in the dtype it trains in.  Read in a process of its own
+    on a simulated Ascend host: the shards hold ``npu`` tensors, which ``torch.load`` puts on an ``npu``
+    device (this process has none)."""
+    from npu_compat.testing import simulation_env
+
+    steps = sorted(
+        out.glob("work/checkpoints/*/*/global_step_*/actor"), key=lambda p: int(p.parent.name[12:])
+    )
+    if not steps:
+        return None
+    done = subprocess.run(
+        [sys.executable, "-c", _DIGEST_CHECKPOINT, str(steps[-1]), how],
+        env=simulation_env(1), capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return int(steps[-1].parent.name[12:]), done.stdout.strip().splitlines()[-1]
+
+
 def train_steps(out: Path) -> list[dict[str, float]]:
     """The Trainer's metrics of each step (its monitor's ``Step N: {...}`` line): reward and actor loss."""
     import ast
@@ -402,5 +496,11 @@ def first_error(out: Path) -> str | None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    result = run(args[0], Path(args[1]), float(args[2]) if len(args) > 2 else 600, *args[3:4])
+    result = run(
+        args[0],
+        Path(args[1]),
+        float(args[2]) if len(args) > 2 else 600,
+        *args[3:4],
+        sync_method=(args[4:5] or ["nccl"])[0],
+    )
     print(json.dumps(result))

@@ -132,6 +132,65 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     )  # fmt: skip
 
 
+#: the stages of a whole run whose weight sync is not ``nccl``: no weight-sync group between trainer and rollout
+WHOLE_RUN_WITHOUT_GROUP = [
+    "npus_counted", *TRAINER_SIDE, "verl_models_built", "trainer_ready", *ROLLOUT_SIDE[2:],
+    "rollout_models_ready", "explore_step_started", "train_step_started", "train_step_finished",
+    "second_train_step_finished", "rollout_on_weight_version_2",
+]  # fmt: skip
+
+
+def _rollout_loads_after_two_train_steps(out: Path) -> list[str]:
+    """Two train steps with a loss, and the rollout loaded new weights after each (versions 1 and 2):
+    the digests its worker logged, in order."""
+    text = scenario.all_logs(out)
+    assert "Error in Trainer" not in text, scenario.first_error(out)
+    steps = scenario.train_steps(out)
+    assert [step["step"] for step in steps] == [1, 2], steps
+    assert all(step["pg_loss"] is not None for step in steps), steps
+    loads = scenario.rollout_loads(out)
+    assert len(loads) == 2 and loads[0] != loads[1], loads
+    return loads
+
+
+@needs_established
+@pytest.mark.beyond_ci  # 6 min each: the nccl run above is CI's cell of the whole run
+@pytest.mark.parametrize("sync_method", ["checkpoint", "memory"])
+def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, sync_method: str) -> None:
+    """Trinity 0.6.0's two other weight syncs in mode ``both``: ``checkpoint`` (the trainer saves, the
+    rollout's worker reads the file through Trinity's checkpoint weight-transfer engine) and ``memory``
+    (the trainer uploads its state dict to the Synchronizer actor, the worker pulls it from Ray).
+
+    After the last sync the rollout holds what the trainer produced, its final checkpoint
+    (global_step_2): for ``checkpoint`` as Trinity's loader reads it back (bfloat16: what the rollout is
+    sent), for ``memory`` the trainer's FSDP shard as saved (float32: the state dict it uploads)."""
+    result = _run(tmp_path, "compat", "auto", 900, sync_method=sync_method)
+    assert result["rc"] == 0, result
+    assert result["stages"] == WHOLE_RUN_WITHOUT_GROUP, result
+    assert result["boundaries"] == [], result
+    loads = _rollout_loads_after_two_train_steps(tmp_path / "compat-auto")
+    how = "loader" if sync_method == "checkpoint" else "shard"
+    assert scenario.trainer_checkpoint(tmp_path / "compat-auto", how) == (2, loads[-1]), loads
+
+
+@needs_established
+@pytest.mark.beyond_ci  # the two sides of the nccl run above, started apart
+def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory(tmp_path: Path) -> None:
+    """The disaggregated run: ``trinity run`` in mode ``explore`` and in mode ``train``, two commands on
+    one cluster at once, with one checkpoint directory (the experience buffer in SQLite there; the weight
+    sync ``checkpoint``, the only one Trinity allows between two commands).  The trainer trains on what
+    the explorer wrote, and the explorer's rollout loads each checkpoint the trainer saves."""
+    result = _run(tmp_path, "compat", "split", 900)
+    assert result["rc"] == 0, result
+    assert result["stages"] == WHOLE_RUN_WITHOUT_GROUP, result
+    assert result["boundaries"] == [], result
+    out = tmp_path / "compat-split"
+    assert re.search(r"> Explorer \(\w+\) finished\.", (out / "driver.explore.log").read_text()), result
+    assert "> Trainer finished." in (out / "driver.train.log").read_text(), result
+    loads = _rollout_loads_after_two_train_steps(out)
+    assert scenario.trainer_checkpoint(out) == (2, loads[-1]), loads
+
+
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""
     # stock never gets past the GPU placement group: once Ray has called the request infeasible the run
