@@ -48,13 +48,14 @@ def set_activated_by(via: str) -> None:
     _activated_by = via
 
 
-def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False) -> None:
+def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False, keep: bool = False) -> None:
     """Name what this process is (``ray-driver``, ``vllm (EngineCore_DP0)``…) and rewrite the report.
 
-    With ``first``, a role (and actor class) already named is kept.
+    With ``first``, an actor class already named is kept (with its role); with ``keep``, any role
+    already named is (a vLLM engine process that connects to Ray as a client stays a vLLM process).
     """
     global _role, _actor_class
-    if first and _actor_class is not None:
+    if (first and _actor_class is not None) or (keep and _role is not None):
         return
     _role = role
     _actor_class = actor_class or _actor_class

@@ -140,4 +140,4 @@ def _report_driver() -> None:
     if os.environ.get(_env.REPORT_DIR):
         from .. import _reportfile
 
-        _reportfile.set_role("ray-driver")
+        _reportfile.set_role("ray-driver", keep=True)

@@ -51,7 +51,8 @@ STAGES: list[tuple[str, str]] = [
     ("trainer_actor", r"Initializing verl Trainer|^:actor_name:Trainer$"),
     ("verl_pg_ready", r"Successfully created placement group global_pool"),
     ("verl_workers_started", r"^:actor_name:WorkerDict"),
-    ("verl_models_built", r"actor and ref model engine initialized"),
+    # verl 0.8's engine path; Trinity's legacy fsdp_workers (verl 0.7.1) ends init_model with the second
+    ("verl_models_built", r"actor and ref model engine initialized|Cached state_dict meta: \d+ parameters"),
     ("trainer_ready", r"Trainer is ready"),
     ("rollout_pg_ready", r"> Bundle \d+: Actor "),
     ("rollout_actor_scheduled", r"^:actor_name:vLLMRolloutModel"),

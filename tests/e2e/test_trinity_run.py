@@ -21,9 +21,6 @@ from packaging.version import Version
 
 from tests.e2e import scenario
 
-#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
-pytestmark = pytest.mark.uses_verl
-
 try:
     TRINITY = md.version("trinity-rft")
 except md.PackageNotFoundError:
@@ -67,6 +64,11 @@ def _run(tmp_path: Path, mode: str, cluster: str, timeout: float, **kw: Any) -> 
     return result
 
 
+# The stock runs carry no ``uses_verl``: stack-b (stack-a with verl 0.7.1) does not run them.  The first stops
+# in Trinity's config validation, before verl is imported; the second at the GPU bundles of verl's resource pool,
+# whose request on the legacy trainer's path is the catalogue's row A28, red on stack-b.
+
+
 def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path) -> None:
     """Stock Trinity counts the cluster's "GPU" resources (0 here): config validation divides by zero
     (0.6.0), or finds no GPU left for the trainer (0.5.2)."""
@@ -78,18 +80,21 @@ def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path) -> None:
         assert result["first_error"] == "ZeroDivisionError: integer modulo by zero", result
 
 
-#: Since ``npu`` tensors compute (issue 15), the compat runs go on past the trainer's old boundary; what they
-#: reach then is established on stack (a) only (tests/e2e/FINDINGS.md): the legacy trainer (stack b) and
-#: trinity 0.5.2 (stack c) are the next issue's matrix.
-ESTABLISHED = not REL_052 and not LEGACY
+#: Since ``npu`` tensors compute (issue 15), the compat runs go to the end on trinity 0.6.0, on either trainer
+#: path (stacks a and b); trinity 0.5.2 (stack c) has its own test below (tests/e2e/FINDINGS.md, the matrix).
+ESTABLISHED = not REL_052
 SYNC_SETUP = "weight_sync_setup_started"
 needs_established = pytest.mark.skipif(
     not ESTABLISHED,
-    reason="the compat run past the trainer's boundary is established on stack (a) only (tests/e2e/FINDINGS.md)",
+    reason="trinity-rft 0.5.2 syncs through its own WorkerExtension: test_compat_052_... (tests/e2e/FINDINGS.md)",
 )
+#: the patch that turns torch.compile off in the trainer's workers: verl 0.8's engine config, or the legacy
+#: dp_actor's
+WORKER_COMPILE = "verl.dp_actor.torch_compile" if LEGACY else "trinity.verl.config.torch_compile"
 
 
 @needs_established
+@pytest.mark.uses_verl  # the whole run on verl's trainer: stack-b (stack-a with verl 0.7.1) runs it too
 def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path) -> None:
     """The bundled config as it is (mode ``both``, ``total_steps: 2``, ``sync_method: nccl``) runs to
     the end: npu-compat counts the NPUs, the verl worker group is up on NPU bundles, FSDP2 trains on
@@ -125,7 +130,7 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
             "ray-driver": ["trinity.config_validator.npu_count"],
             "Trainer": [TRAINER_DEVICE, "ray.placement_group"],
             "WorkerDict": [WORKER_CUDA_VIEW, "torch.distributed.init_process_group",
-                           "trinity.distributed.vllm_weight_transfer", "trinity.verl.config.torch_compile"],
+                           "trinity.distributed.vllm_weight_transfer", WORKER_COMPILE],
             "vLLMRolloutModel": ["trinity.vllm_model.weights_not_nz", "vllm.weight_transfer.nccl_is_hccl"],
             "vllm (VllmWorker-0)": ["trinity.vllm.worker_cls", "vllm.weight_transfer.nccl_is_hccl"],
         },
@@ -154,6 +159,7 @@ def _rollout_loads_after_two_train_steps(out: Path) -> list[str]:
 
 
 @needs_established
+@pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # 6 min each: the nccl run above is CI's cell of the whole run
 @pytest.mark.parametrize("sync_method", ["checkpoint", "memory"])
 def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, sync_method: str) -> None:
@@ -174,6 +180,7 @@ def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, s
 
 
 @needs_established
+@pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # the two sides of the nccl run above, started apart
 def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory(tmp_path: Path) -> None:
     """The disaggregated run: ``trinity run`` in mode ``explore`` and in mode ``train``, two commands on
@@ -191,11 +198,51 @@ def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory
     assert scenario.trainer_checkpoint(out) == (2, loads[-1]), loads
 
 
+@pytest.mark.skipif(not REL_052, reason="trinity-rft 0.5.2's own weight sync (stack c)")
+@pytest.mark.beyond_ci  # 5 min on stack c, over CI's budget: stack b runs the whole run in CI
+def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path) -> None:
+    """Trinity 0.5.2 (vLLM 0.18, the stand-in's 0.18.0 flavour) in mode ``both`` runs to the end: its
+    weight-sync group -- verl's ``WorkerDict`` (rank 0) and Trinity's ``WorkerExtension`` in vLLM's
+    EngineCore, both through ``trinity.distributed.init_process_group`` made ``hccl`` -- forms, the
+    trainer syncs after each step and the Explorer reaches model version 2.
+
+    0.5.2 sends the weights itself (``torch.distributed.broadcast`` in the worker, ``load_weights``
+    per tensor in the extension), not through vllm-ascend's weight-transfer engine or ``NPUWorker``'s
+    update, where the simulation digests them: this run has no checksum (tests/e2e/FINDINGS.md)."""
+    result = _run(tmp_path, "compat", "auto", 900)
+    out = tmp_path / "compat-auto"
+    assert result["rc"] == 0, result
+    assert result["stages"] == [
+        "npus_counted", *TRAINER_SIDE, *ROLLOUT_SIDE[2:], "rollout_models_ready", "explore_step_started",
+        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
+    ], result  # fmt: skip
+    assert result["boundaries"] == [], result
+    text = scenario.all_logs(out)
+    assert re.search(r"Trainer init_process_group \S+ \(2\)\.", text), result  # the trainer's side, world 2
+    assert re.search(r"\[vllm_worker\.py:\d+\] vLLM init_process_group finished\.", text), result
+    assert "> Trainer finished." in text and re.search(r"> Explorer \(\w+\) finished\.", text), result
+    # 0.5.2's train loop ends on the queue's StopAsyncIteration, which reaches it as a RuntimeError from
+    # Ray (logged "Error in Trainer"), after the two steps: the same on any device
+    errors = re.findall(r"Error in Trainer:\n(?:.*\n)*?.*?(\w+Error: .*)", scenario._driver_log(out))
+    assert all("StopAsyncIteration" in e for e in errors), errors
+    steps = scenario.train_steps(out)
+    assert [step["step"] for step in steps][:2] == [1, 2], steps
+    _assert_applied(
+        result,
+        {
+            "ray-driver": ["trinity.config_validator.npu_count"],
+            "WorkerDict": [WORKER_CUDA_VIEW, "trinity.distributed.init_process_group", "verl.dp_actor.torch_compile"],
+            "vLLMRolloutModel": ["trinity.vllm_model.weights_not_nz", "vllm.weight_transfer.nccl_is_hccl"],
+            "vllm (EngineCore)": ["trinity.vllm_worker.cuda", "trinity.distributed.init_process_group"],
+        },
+    )  # fmt: skip
+
+
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""
     # stock never gets past the GPU placement group: once Ray has called the request infeasible the run
-    # is watched for 90 s more, then stopped (the bound: for a loaded CI)
-    result = _run(tmp_path, "stock", "explicit", 300, stuck_after=90)
+    # is watched for 60 s more, then stopped (the bound: for a loaded CI)
+    result = _run(tmp_path, "stock", "explicit", 300, stuck_after=60)
     assert result["rc"] == "stuck", result
     if REL_052:
         # 0.5.2's Explorer waits in its constructor on the rollout allocator's {"GPU": 1} bundles too
@@ -208,6 +255,7 @@ def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
 
 
 @needs_established
+@pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # the whole run above generates on the same worker, with these patches
 def test_compat_explore_generates_on_the_vllm_ascend_worker(tmp_path: Path) -> None:
     """Mode explore: the rollout actor sits in an NPU bundle and vLLM builds its engine on the

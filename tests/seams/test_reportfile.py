@@ -141,3 +141,22 @@ def test_report_dir_that_cannot_be_written_is_one_warning(tmp_path: Path) -> Non
 
 def test_build_is_json_serialisable_in_process() -> None:
     json.dumps(_reportfile.build())
+
+
+def test_a_vllm_process_that_connects_to_ray_stays_a_vllm_process(tmp_path: Path) -> None:
+    # vLLM's engine process is named by its plugin; when Trinity's code there calls ray.init() (a Ray
+    # client, a "driver" to Ray), the report keeps the vLLM role; a plain driver still becomes one
+    reports = tmp_path / "reports"
+    code = f"""
+        import os, json
+        os.environ["NPU_COMPAT_REPORT_DIR"] = {str(reports)!r}
+        from npu_compat import _reportfile
+        _reportfile.attach()
+        _reportfile.set_role("vllm (EngineCore_DP0)")
+        _reportfile.set_role("ray-driver", keep=True)
+        named = json.load(open(_reportfile.path()))["role"]
+        _reportfile._role = None
+        _reportfile.set_role("ray-driver", keep=True)
+        print(json.dumps([named, json.load(open(_reportfile.path()))["role"]]))
+        """
+    assert last_json(py(code, child_env(auto=False))) == ["vllm (EngineCore_DP0)", "ray-driver"]
