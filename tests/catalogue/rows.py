@@ -85,7 +85,7 @@ NOT_YET_DRIVEN: dict[str, str] = {
     "A8": "green across two processes in tests/patches/test_weight_sync.py; stock never reaches it: the "
     "trainer side crashes first (row A17)",
     "A20": "driven by tests/e2e (both twins): stock hangs on the verl worker group's GPU placement group, "
-    "npu-compat gets it ready (stacks a and b)",
+    "npu-compat gets it ready (stack a, verl 0.8; the legacy path's row is A28, a catalogue row)",
     "14": "driven across two processes by tests/patches/test_weight_sync_052.py, both twins (stock: "
     "test_without_npu_compat_neither_side_forms_the_group)",
     "23": "driven across two processes by tests/patches/test_weight_sync_052.py, both twins (stock: "
