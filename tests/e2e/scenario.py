@@ -180,8 +180,14 @@ def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode
     if cluster == "auto" and sync_method == "nccl" and trinity_mode == "both":
         return CONFIG
     text = CONFIG.read_text()
+
+    def stating(gpus: int) -> str:
+        return text.replace(
+            "  ray_address: auto", f"  ray_address: auto\n  node_num: 1\n  gpu_per_node: {gpus}", 1
+        )
+
     if cluster not in {"auto", "split"}:
-        text = text.replace("  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 2", 1)
+        text = stating(2)
     if cluster == "explore":
         trinity_mode = "explore"
     text = text.replace("\nmode: both\n", f"\nmode: {trinity_mode}\n", 1)
@@ -191,9 +197,7 @@ def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode
         # mode train wants it stated (mode both derives it: batch_size x repeat_times)
         text = text.replace("  batch_size: 2\n", "  batch_size: 2\n  train_batch_size: 4\n", 1)
         if trinity_mode == "train":  # Trinity gives a trainer alone every accelerator it counts: 1 of 2
-            text = text.replace(
-                "  ray_address: auto", "  ray_address: auto\n  node_num: 1\n  gpu_per_node: 1", 1
-            )
+            text = stating(1)
     path = workdir / f"trinity_tiny.{cluster}.{trinity_mode}.{sync_method}.yaml"
     path.write_text(text)
     return path
@@ -395,23 +399,21 @@ _SYNC = re.compile(r"simulated weight sync \((trainer sent|rollout loaded)\): (\
 _TRAINER_STEP = re.compile(r"\(Trainer pid=\d+\).*\[monitor\.py:\d+\] Step (\d+): (\{.*\})")
 
 
+def _digests(out: Path, side: str) -> list[str]:
+    """The digests one side (``trainer sent`` / ``rollout loaded``) logged, in order."""
+    return [f"{n} tensors, sha256 {d}" for s, n, d in _SYNC.findall(_driver_log(out)) if s == side]
+
+
 def weight_syncs(out: Path) -> list[dict[str, str]]:
     """Each weight sync of a run, in order: the digest the trainer sent and the one the rollout's model
     holds after loading it (``npu_compat.testing._digest``), as the two processes logged them."""
-    sent: list[str] = []
-    loaded: list[str] = []
-    for side, count, digest in _SYNC.findall(_driver_log(out)):
-        (sent if side == "trainer sent" else loaded).append(f"{count} tensors, sha256 {digest}")
+    sent, loaded = _digests(out, "trainer sent"), _digests(out, "rollout loaded")
     return [{"sent": s, "loaded": lo} for s, lo in itertools.zip_longest(sent, loaded, fillvalue="")]
 
 
 def rollout_loads(out: Path) -> list[str]:
     """The digest of what the rollout's model held after each weight update (every sync method)."""
-    return [
-        f"{n} tensors, sha256 {d}"
-        for side, n, d in _SYNC.findall(_driver_log(out))
-        if side == "rollout loaded"
-    ]
+    return _digests(out, "rollout loaded")
 
 
 #: Digests the checkpoint directory argv[1]: read with Trinity's own loader (``loader``), or the trainer's
