@@ -88,7 +88,7 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
     strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
     session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
-    session.install("ninja==1.13.2")
+    session.install("ninja==1.13.2", "pytest-xdist==3.8.0")
     session.install("--no-deps", ".")
 
 
@@ -131,11 +131,33 @@ def _marks(name: str) -> list[str]:
     return ["-m", " and ".join(terms)]
 
 
+#: CI's machine has two cores.  A test that runs a cluster of many processes (``many_processes``: the
+#: e2e runs, the catalogue's probe runs) keeps both busy and runs alone; every other test is one or two
+#: processes, and two at a time of those (pytest-xdist, a file per worker so that a module's fixtures
+#: are built once) use the second core.
+WORKERS = min(2, os.cpu_count() or 1)
+
+
+def _phases(marks: list[str]) -> list[list[str]]:
+    """The pytest runs of a stack session: its ``many_processes`` tests one at a time, then the rest
+    ``WORKERS`` at a time."""
+    (flag, expr) = marks
+    alone = [flag, f"{expr} and many_processes"]
+    rest = [flag, f"{expr} and not many_processes"]
+    if WORKERS > 1:
+        rest += ["-n", str(WORKERS), "--dist", "loadfile"]
+    return [alone, rest]
+
+
 def _stack_session(name: str, pins: str) -> None:
     @nox.session(name=f"stack-{name}", python="3.11")
     def stack(session: nox.Session) -> None:
         _install_stack(session, pins)
-        session.run("pytest", "tests", *_marks(name), *session.posargs)
+        if session.posargs:  # a selection of one's own: one plain run, in order
+            session.run("pytest", "tests", *_marks(name), *session.posargs)
+            return
+        for phase in _phases(_marks(name)):
+            session.run("pytest", "tests", *phase)
 
     stack.__doc__ = f"Every test against the real upstream stack {pins[:-4]}."
 

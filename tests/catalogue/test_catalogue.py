@@ -26,8 +26,9 @@ from npu_compat.testing import SIM_SITE, simulation_env
 from tests.catalogue.rows import Row, applicable
 from tests.conftest import REPO, clean_env
 
-#: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
-pytestmark = pytest.mark.uses_verl
+#: exercises verl: stack-b (stack-a with another verl) runs it; its probe runs, each a Ray driver
+#: with its actors, run with no other test beside them (noxfile)
+pytestmark = [pytest.mark.uses_verl, pytest.mark.many_processes]
 
 try:
     TRINITY, VERL = md.version("trinity-rft"), md.version("verl")

@@ -28,6 +28,9 @@ except md.PackageNotFoundError:
 if not TRINITY.startswith(("0.5.", "0.6.")):
     pytest.skip(f"the bundled config is for trinity-rft 0.5/0.6, found {TRINITY}", allow_module_level=True)
 
+#: a run is a Ray cluster of some 25 processes: it runs with no other test beside it (noxfile)
+pytestmark = pytest.mark.many_processes
+
 #: trinity-rft 0.5.2 (stack c): its own trainer module, vLLM 0.18 with Trinity's worker *extension*
 REL_052 = TRINITY.startswith("0.5.")
 # verl 0.8 runs Trinity 0.6's new engine trainer (trinity.trainer.verl); verl 0.7.1 its legacy one (stack b)
