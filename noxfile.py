@@ -88,7 +88,7 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
     strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
     session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
-    session.install("ninja==1.13.2", "pytest-xdist==3.8.0")
+    session.install("ninja==1.13.2")
     session.install("--no-deps", ".")
 
 
@@ -153,6 +153,7 @@ def _stack_session(name: str, pins: str) -> None:
     @nox.session(name=f"stack-{name}", python="3.11")
     def stack(session: nox.Session) -> None:
         _install_stack(session, pins)
+        session.install("pytest-xdist==3.8.0")  # the second phase's workers (the demo needs none)
         if session.posargs:  # a selection of one's own: one plain run, in order
             session.run("pytest", "tests", *_marks(name), *session.posargs)
             return
