@@ -331,10 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         clock.say(f"installed stack (a) into {Path(sys.executable).parent.parent}; npu-compat on this host:")
         for line in host_summary():
             print(line, flush=True)
-        clock.say(f"stock run ({args.stock}); scratch directory {scratch}")
+        clock.say(f"making the tiny model (tests/e2e/tiny_model.py) for both runs; scratch {scratch}")
+        model = scenario.make_model(scratch / "tiny-model")
+        clock.say(f"stock run ({args.stock})")
         stock = scenario.run(
             "stock", scratch / "stock", timeout=BOUND_S["stock"], cluster=args.stock,
-            progress=clock.say, stuck_after=STUCK_AFTER_S,
+            progress=clock.say, stuck_after=STUCK_AFTER_S, model=model,
         )  # fmt: skip
         clock.say(f"npu-compat run ({args.compat})")
         compat = scenario.run(
@@ -343,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=BOUND_S["compat"],
             cluster=args.compat,
             progress=clock.say,
+            model=model,
         )
         reports = scratch / "npu-compat" / "work" / "reports"
         clock.say(f"collecting the reports: python -m npu_compat doctor --reports {reports}")

@@ -212,6 +212,17 @@ SPLIT = ("explore", "train")
 POLL_S = 2.0
 
 
+def make_model(directory: Path) -> Path:
+    """The tiny model of ``tests/e2e/tiny_model.py`` written to ``directory``, in a process of its own with
+    npu-compat off (a run only reads it: runs can share one)."""
+    subprocess.run(
+        [sys.executable, "-m", "tests.e2e.tiny_model", str(directory)],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("NPU_COMPAT")}, "NPU_COMPAT": "0"},
+        cwd=REPO, check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    return directory
+
+
 def run(
     mode: str,
     out: Path,
@@ -222,6 +233,7 @@ def run(
     progress: Callable[[str], None] | None = None,
     stuck_after: float | None = None,
     settle_after: tuple[str, float] | None = None,
+    model: Path | None = None,
 ) -> dict[str, object]:
     """Run the scenario once; return its summary (see the module docstring).
 
@@ -231,18 +243,16 @@ def run(
     with ``rc`` ``"stuck"``; ``None`` waits for the driver or the ``timeout`` (``rc`` ``"timeout"``).
     ``settle_after=(stage, seconds)``: the same, that many seconds after ``stage`` first appeared with no
     stage after it (a run known to hang there is not kept waiting for the whole bound).
+    ``model``: the tiny model directory an earlier run made (:func:`make_model`); ``None`` makes one in ``out``.
     """
     say = progress or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "work"
     workdir.mkdir(exist_ok=True)
-    model = out / "tiny-model"
+    if model is None:
+        say("making the tiny model (tests/e2e/tiny_model.py)")
+        model = make_model(out / "tiny-model")
     env = _env(mode, workdir, model)
-    say("making the tiny model (tests/e2e/tiny_model.py)")
-    subprocess.run(
-        [sys.executable, "-m", "tests.e2e.tiny_model", str(model)],
-        env={**env, "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
     prefix = [sys.executable, "-m", "npu_compat"] if mode == "compat" else None
     trinity = str(Path(sys.executable).with_name("trinity"))
     if cluster == "split":

@@ -66,8 +66,17 @@ def beyond_ci_where(condition: bool) -> Any:
     return pytest.mark.beyond_ci if condition else (lambda test: test)
 
 
-def _run(tmp_path: Path, mode: str, cluster: str, timeout: float, **kw: Any) -> dict[str, object]:
-    result = scenario.run(mode, tmp_path / f"{mode}-{cluster}", timeout=timeout, cluster=cluster, **kw)
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny model for every run of this module (a run only reads it; making it takes some 20 s)."""
+    return scenario.make_model(tmp_path_factory.mktemp("e2e") / "tiny-model")
+
+
+def _run(
+    tmp_path: Path, model: Path, mode: str, cluster: str, timeout: float, **kw: Any
+) -> dict[str, object]:
+    out = tmp_path / f"{mode}-{cluster}"
+    result = scenario.run(mode, out, timeout=timeout, cluster=cluster, model=model, **kw)
     print(json.dumps(result))
     return result
 
@@ -77,10 +86,10 @@ def _run(tmp_path: Path, mode: str, cluster: str, timeout: float, **kw: Any) -> 
 # whose request on the legacy trainer's path is the catalogue's row A28, red on stack-b.
 
 
-def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path) -> None:
+def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity counts the cluster's "GPU" resources (0 here): config validation divides by zero
     (0.6.0), or finds no GPU left for the trainer (0.5.2)."""
-    result = _run(tmp_path, "stock", "auto", 120)
+    result = _run(tmp_path, tiny_model, "stock", "auto", 120)
     assert result["stages"] == [], result
     if REL_052:
         assert str(result["first_error"]).startswith("ValueError: Not enough GPUs for trainer."), result
@@ -104,14 +113,14 @@ WORKER_COMPILE = "verl.dp_actor.torch_compile" if LEGACY else "trinity.verl.conf
 @needs_established
 @pytest.mark.uses_verl  # the whole run on verl's trainer: stack-b (stack-a with verl 0.7.1) too
 @beyond_ci_where(LEGACY)  # 7 min: on stack b (the legacy trainer) by hand, stack a's in CI
-def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path) -> None:
+def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path, tiny_model: Path) -> None:
     """The bundled config as it is (mode ``both``, ``total_steps: 2``, ``sync_method: nccl``) runs to
     the end: npu-compat counts the NPUs, the verl worker group is up on NPU bundles, FSDP2 trains on
     (simulated) ``npu`` tensors, the vLLM engine runs on vllm-ascend's ``NPUWorker``, the weight-sync
     group forms over HCCL between trainer rank 0 and the rollout worker, and each sync -- before step 1,
     after each train step -- leaves the rollout's model holding what the trainer sent: the digest both
     processes log (``npu_compat.testing._digest``).  The driver exits 0 with weight version 2."""
-    result = _run(tmp_path, "compat", "auto", 900)
+    result = _run(tmp_path, tiny_model, "compat", "auto", 900)
     out = tmp_path / "compat-auto"
     assert result["rc"] == 0, result
     assert result["stages"] == [
@@ -171,7 +180,9 @@ def _rollout_loads_after_two_train_steps(out: Path) -> list[str]:
 @pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # 6 min each: the nccl run above is CI's cell of the whole run
 @pytest.mark.parametrize("sync_method", ["checkpoint", "memory"])
-def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, sync_method: str) -> None:
+def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(
+    tmp_path: Path, tiny_model: Path, sync_method: str
+) -> None:
     """Trinity 0.6.0's two other weight syncs in mode ``both``: ``checkpoint`` (the trainer saves, the
     rollout's worker reads the file through Trinity's checkpoint weight-transfer engine) and ``memory``
     (the trainer uploads its state dict to the Synchronizer actor, the worker pulls it from Ray).
@@ -179,7 +190,7 @@ def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, s
     After the last sync the rollout holds what the trainer produced, its final checkpoint
     (global_step_2): for ``checkpoint`` as Trinity's loader reads it back (bfloat16: what the rollout is
     sent), for ``memory`` the trainer's FSDP shard as saved (float32: the state dict it uploads)."""
-    result = _run(tmp_path, "compat", "auto", 900, sync_method=sync_method)
+    result = _run(tmp_path, tiny_model, "compat", "auto", 900, sync_method=sync_method)
     assert result["rc"] == 0, result
     assert result["stages"] == WHOLE_RUN_WITHOUT_GROUP, result
     assert result["boundaries"] == [], result
@@ -191,12 +202,14 @@ def test_compat_both_syncs_weights_by_checkpoint_and_by_memory(tmp_path: Path, s
 @needs_established
 @pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # the two sides of the nccl run above, started apart
-def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory(tmp_path: Path) -> None:
+def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     """The disaggregated run: ``trinity run`` in mode ``explore`` and in mode ``train``, two commands on
     one cluster at once, with one checkpoint directory (the experience buffer in SQLite there; the weight
     sync ``checkpoint``, the only one Trinity allows between two commands).  The trainer trains on what
     the explorer wrote, and the explorer's rollout loads each checkpoint the trainer saves."""
-    result = _run(tmp_path, "compat", "split", 900)
+    result = _run(tmp_path, tiny_model, "compat", "split", 900)
     assert result["rc"] == 0, result
     assert result["stages"] == WHOLE_RUN_WITHOUT_GROUP, result
     assert result["boundaries"] == [], result
@@ -209,7 +222,9 @@ def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory
 
 @pytest.mark.skipif(not REL_052, reason="trinity-rft 0.5.2's own weight sync (stack c)")
 @pytest.mark.beyond_ci  # 5 min on stack c, over CI's budget: stack b runs the whole run in CI
-def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path) -> None:
+def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     """Trinity 0.5.2 (vLLM 0.18, the stand-in's 0.18.0 flavour) in mode ``both`` runs to the end: its
     weight-sync group -- verl's ``WorkerDict`` (rank 0) and Trinity's ``WorkerExtension`` in vLLM's
     EngineCore, both through ``trinity.distributed.init_process_group`` made ``hccl`` -- forms, the
@@ -218,7 +233,7 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path:
     0.5.2 sends the weights itself (``torch.distributed.broadcast`` in the worker, ``load_weights``
     per tensor in the extension), not through vllm-ascend's weight-transfer engine or ``NPUWorker``'s
     update, where the simulation digests them: this run has no checksum (tests/e2e/FINDINGS.md)."""
-    result = _run(tmp_path, "compat", "auto", 900)
+    result = _run(tmp_path, tiny_model, "compat", "auto", 900)
     out = tmp_path / "compat-auto"
     assert result["rc"] == 0, result
     assert result["stages"] == [
@@ -248,11 +263,11 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path:
 
 
 @beyond_ci_where(REL_052)  # 3.5 min: on stack c by hand, stack a's in CI
-def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
+def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""
     # stock never gets past the GPU placement group: once Ray has called the request infeasible the run
     # is watched for 60 s more, then stopped (the bound: for a loaded CI)
-    result = _run(tmp_path, "stock", "explicit", 300, stuck_after=60)
+    result = _run(tmp_path, tiny_model, "stock", "explicit", 300, stuck_after=60)
     assert result["rc"] == "stuck", result
     if REL_052:
         # 0.5.2's Explorer waits in its constructor on the rollout allocator's {"GPU": 1} bundles too
@@ -267,13 +282,13 @@ def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path) -> None:
 @needs_established
 @pytest.mark.uses_verl
 @pytest.mark.beyond_ci  # the whole run above generates on the same worker, with these patches
-def test_compat_explore_generates_on_the_vllm_ascend_worker(tmp_path: Path) -> None:
+def test_compat_explore_generates_on_the_vllm_ascend_worker(tmp_path: Path, tiny_model: Path) -> None:
     """Mode explore: the rollout actor sits in an NPU bundle and vLLM builds its engine on the
     (simulated) Ascend platform; the worker's ``init_device`` forms its HCCL world group, its
     ``load_model`` (0.6.0: npu-compat's Trinity worker on ``NPUWorker``) registers Trinity's checkpoint
     weight-transfer engine -- importing ``vllm_extension``, whose patches apply in that process -- and
     the vllm_ascend stand-in's ``NPUModelRunner`` generates: the explore steps run, and the run ends."""
-    result = _run(tmp_path, "compat", "explore", 480)
+    result = _run(tmp_path, tiny_model, "compat", "explore", 480)
     assert result["stages"] == [*ROLLOUT_SIDE, "rollout_models_ready", "explore_step_started"], result
     assert result["boundaries"] == [], result
     assert result["rc"] == 0, result
