@@ -362,7 +362,14 @@ def _build_module() -> types.ModuleType:
 
     @_record
     def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
-        pass
+        """This process may allocate ``fraction`` of the device's capacity, then OutOfMemoryError
+        (torch_npu.npu.memory's checks and messages; the device's total stays what mem_get_info says)."""
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        if NATIVE is not None:
+            NATIVE.set_memory_fraction(_index(device), fraction)
 
     def _generator(device: Any = None) -> torch.Generator:
         if NATIVE is None:

@@ -161,6 +161,44 @@ def test_memory_stats_count_real_allocations_against_the_capacity() -> None:
 
 
 @computes
+def test_per_process_memory_fraction_limits_what_this_process_may_allocate() -> None:
+    out = sim_json(
+        """
+        import json, torch
+        npu, kib, errors = torch.npu, 1024, []
+        npu.set_per_process_memory_fraction(0.5, 0)                        # 512 KiB of npu:0's 1 MiB
+        keep = torch.empty(400 * kib, dtype=torch.uint8, device="npu:0")
+        try:
+            torch.empty(200 * kib, dtype=torch.uint8, device="npu:0")
+        except torch.OutOfMemoryError as exc:
+            errors.append(str(exc))
+        elsewhere = torch.empty(800 * kib, dtype=torch.uint8, device="npu:1").numel()   # npu:1 keeps it all
+        del elsewhere
+        total = npu.mem_get_info(0)[1]
+        for bad in (1.5, -0.1, 1):
+            try:
+                npu.set_per_process_memory_fraction(bad, 0)
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        npu.set_per_process_memory_fraction(1.0, 0)
+        after = torch.empty(200 * kib, dtype=torch.uint8, device="npu:0").numel()
+        print(json.dumps({"errors": errors, "total": total, "after": after}))
+        """,
+        NPU_COMPAT_SIMULATE_NPU_MEMORY="1MiB",
+    )
+    (oom, *bad) = out["errors"]
+    assert "simulated NPU out of memory" in oom and "on npu:0" in oom, oom
+    assert "may use 524288 bytes (set_per_process_memory_fraction(0.5))" in oom, oom
+    assert bad == [
+        "ValueError: Invalid fraction value: 1.5. Allowed range: 0~1",
+        "ValueError: Invalid fraction value: -0.1. Allowed range: 0~1",
+        "TypeError: Invalid type for fraction argument, must be `float`",
+    ]
+    assert out["total"] == 1024 * 1024  # the device's memory is what it was
+    assert out["after"] == 200 * 1024
+
+
+@computes
 def test_each_device_has_a_generator_and_seeds_reproduce() -> None:
     out = sim_json(
         """

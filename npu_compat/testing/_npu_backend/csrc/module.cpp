@@ -209,6 +209,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("capacity", &capacity);
   m.def("set_capacity", &set_capacity);
+  m.def("set_memory_fraction", [](int d, double f) { set_memory_fraction(static_cast<c10::DeviceIndex>(d), f); });
   m.def("memory_allocated", [](int d) { return memory_stats(static_cast<c10::DeviceIndex>(d)).allocated; });
   m.def("max_memory_allocated", [](int d) { return memory_stats(static_cast<c10::DeviceIndex>(d)).peak; });
   m.def("reset_peak_memory_stats", [](int d) { reset_peak(static_cast<c10::DeviceIndex>(d)); });

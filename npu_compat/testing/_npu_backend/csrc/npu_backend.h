@@ -35,6 +35,7 @@ void reserve(c10::DeviceIndex device, int64_t nbytes);  // raises OutOfMemoryErr
 void release(c10::DeviceIndex device, int64_t nbytes);
 int64_t capacity();
 void set_capacity(int64_t nbytes);
+void set_memory_fraction(c10::DeviceIndex device, double fraction);  // of the capacity, this process
 struct MemoryStats {
   int64_t allocated;
   int64_t peak;

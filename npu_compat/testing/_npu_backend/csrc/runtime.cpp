@@ -58,6 +58,7 @@ struct DeviceCounters {
   std::atomic<int64_t> allocations{0};
   std::atomic<int64_t> total_allocations{0};
   std::atomic<int64_t> ooms{0};
+  std::atomic<double> fraction{1.0};  // set_per_process_memory_fraction: this process's share of the capacity
 };
 static std::array<DeviceCounters, kMaxDevices> g_counters;
 
@@ -77,13 +78,20 @@ void reserve(c10::DeviceIndex device, int64_t nbytes) {
   auto& c = g_counters.at(device);
   int64_t now = c.allocated.fetch_add(nbytes) + nbytes;
   int64_t cap = g_capacity.load();
-  if (now > cap) {
+  double fraction = c.fraction.load();
+  int64_t allowed = fraction < 1.0 ? static_cast<int64_t>(fraction * static_cast<double>(cap)) : cap;
+  if (now > allowed) {
     c.allocated.fetch_sub(nbytes);
     c.ooms.fetch_add(1);
+    std::ostringstream limit;
+    if (allowed < cap) {
+      limit << ", of which this process may use " << human(allowed) << " (set_per_process_memory_fraction("
+            << fraction << "))";
+    }
     TORCH_CHECK_WITH(
         OutOfMemoryError, false, "simulated NPU out of memory: tried to allocate ", human(nbytes), " on npu:",
         static_cast<int>(device), " (", human(now - nbytes), " already allocated, capacity ", human(cap),
-        "; NPU_COMPAT_SIMULATE_NPU_MEMORY sets it)");
+        limit.str(), "; NPU_COMPAT_SIMULATE_NPU_MEMORY sets it)");
   }
   c.allocations.fetch_add(1);
   c.total_allocations.fetch_add(1);
@@ -105,6 +113,12 @@ int64_t capacity() {
 void set_capacity(int64_t nbytes) {
   TORCH_CHECK(nbytes >= 0, "simulated npu: capacity must not be negative");
   g_capacity = nbytes;
+}
+
+void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+  check_device(device);
+  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "simulated npu: memory fraction ", fraction, " is not in 0~1");
+  g_counters.at(device).fraction = fraction;
 }
 
 MemoryStats memory_stats(c10::DeviceIndex device) {
