@@ -232,6 +232,38 @@ def test_each_device_has_a_generator_and_seeds_reproduce() -> None:
 
 
 @computes
+def test_dropout_on_npu_draws_from_the_npu_generator_and_matches_cpu_under_one_seed() -> None:
+    out = sim_json(
+        """
+        import json, torch
+        F = torch.nn.functional
+        x = torch.arange(1.0, 2001.0)
+        torch.manual_seed(5)                                   # seeds the CPU and every npu alike
+        on_cpu = F.dropout(x, 0.3)
+        torch.manual_seed(5)
+        xn = x.to("npu:1").requires_grad_()
+        on_npu = F.dropout(xn, 0.3)
+        on_npu.sum().backward()
+        torch.npu.manual_seed(9)                               # the npu's seed alone decides its masks
+        cpu_state = torch.get_rng_state()
+        first = F.dropout(x.to("npu:0"), 0.5).cpu()
+        torch.npu.manual_seed(9)
+        again = F.dropout(x.to("npu:0"), 0.5).cpu()
+        print(json.dumps({
+            "equal_to_cpu": torch.equal(on_npu.detach().cpu(), on_cpu), "device": str(on_npu.device),
+            "grad": torch.equal(xn.grad.cpu(), (on_cpu != 0).float() / 0.7),
+            "reproduced": torch.equal(first, again), "cpu_untouched": torch.equal(cpu_state, torch.get_rng_state()),
+            "eval": torch.equal(F.dropout(x.to("npu:0"), 0.5, training=False).cpu(), x),
+        }))
+        """
+    )
+    assert out == {
+        "equal_to_cpu": True, "device": "npu:1", "grad": True, "reproduced": True, "cpu_untouched": True,
+        "eval": True,
+    }  # fmt: skip
+
+
+@computes
 def test_save_and_load_of_npu_tensors_with_map_location(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = sim_json(
         f"""

@@ -8,6 +8,8 @@
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -15,6 +17,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
+#include <tuple>
 #include <unordered_map>
 
 namespace npu_sim {
@@ -411,6 +415,22 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 void record_stream(at::Tensor&, c10::Stream) {}
 
+// ATen's CPU native_dropout draws its mask inside the kernel, from the CPU generator; here the mask is an npu
+// tensor, so its bernoulli_ reaches the fallback, which gives it the npu device's generator (as on the device).
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
+  if (input.numel() == 0) {
+    return std::make_tuple(input, at::empty_like(input));
+  }
+  if (train.has_value() && !*train) {
+    return std::make_tuple(input.clone(), at::ones_like(input, input.options().dtype(c10::kBool)));
+  }
+  const double keep = 1.0 - p;
+  const double scale = keep == 0 ? 0.0 : 1.0 / keep;
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
+  mask.bernoulli_(keep);
+  return std::make_tuple(input.mul(mask).mul_(scale), mask);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -429,6 +449,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
+  m.impl("native_dropout", native_dropout);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
