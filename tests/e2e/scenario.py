@@ -146,8 +146,13 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def _inherited() -> dict[str, str]:
+    """This process's environment without npu-compat's settings or a Ray address: a child decides those."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "RAY_ADDRESS"))}
+
+
 def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "RAY_ADDRESS"))}
+    env = _inherited()
     env["PYTHONPATH"] = os.pathsep.join([str(PLATFORM_SITE), str(REPO)])  # the harness's site goes first
     env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
     env["PYTHONUNBUFFERED"] = "1"
@@ -217,8 +222,7 @@ def make_model(directory: Path) -> Path:
     npu-compat off (a run only reads it: runs can share one)."""
     subprocess.run(
         [sys.executable, "-m", "tests.e2e.tiny_model", str(directory)],
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("NPU_COMPAT")}, "NPU_COMPAT": "0"},
-        cwd=REPO, check=True, timeout=300, capture_output=True,
+        env={**_inherited(), "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     return directory
 
