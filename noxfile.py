@@ -141,7 +141,7 @@ WORKERS = min(2, os.cpu_count() or 1)
 NO_TESTS_COLLECTED = 5
 
 
-def _phases(marks: list[str]) -> list[list[str]]:
+def _phases(marks: list[str]) -> tuple[list[str], list[str]]:
     """The pytest runs of a stack session: its ``many_processes`` tests one at a time, then the rest
     ``WORKERS`` at a time."""
     (flag, expr) = marks
@@ -149,7 +149,7 @@ def _phases(marks: list[str]) -> list[list[str]]:
     rest = [flag, f"{expr} and not many_processes"]
     if WORKERS > 1:
         rest += ["-n", str(WORKERS), "--dist", "loadfile"]
-    return [alone, rest]
+    return (alone, rest)
 
 
 def _stack_session(name: str, pins: str) -> None:
