@@ -21,6 +21,7 @@ with that reason, and ``hccl`` runs Gloo on CPU tensors only.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
@@ -540,6 +541,23 @@ def _npu_tensors_are_the_boundary(reason: str) -> None:
         _BOUNDARY_LIBRARY = library
 
 
+def _release_autograd_workers() -> None:
+    """At exit: let torch's autograd workers drop their last npu graph task while Python is alive.
+
+    Registered by :func:`install` with :mod:`atexit`, so it runs before the interpreter
+    finalizes.  A worker that drops a finished task later needs the GIL to free the task's
+    Python state, and past finalization that aborts the process (the C++ side,
+    ``drain_autograd_workers``, says why).  Nothing runs in a process that never allocated on
+    ``npu``: its workers never had a task.
+    """
+    native = NATIVE
+    if native is None:
+        return
+    devices = range(native.device_count())
+    if any(native.memory_stats(i)["allocation.all.allocated"] for i in devices):
+        native.drain_autograd_workers()
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     global NATIVE
@@ -556,6 +574,7 @@ def install() -> None:
         npu.default_generators = tuple(  # type: ignore[attr-defined]
             NATIVE.default_generator(i) for i in range(device_count_from_env())
         )
+        atexit.register(_release_autograd_workers)
     torch._register_device_module("npu", npu)
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():

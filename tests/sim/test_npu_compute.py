@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json
+from npu_compat.testing import SIM_SITE
+from tests.conftest import run_py
+from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_env, sim_json
 
 #: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
 pytestmark = pytest.mark.same_on_every_stack
@@ -261,6 +263,32 @@ def test_dropout_on_npu_draws_from_the_npu_generator_and_matches_cpu_under_one_s
         "equal_to_cpu": True, "device": "npu:1", "grad": True, "reproduced": True, "cpu_untouched": True,
         "eval": True,
     }  # fmt: skip
+
+
+@computes
+def test_a_process_that_ran_backward_on_npu_exits_cleanly_when_its_autograd_worker_is_late() -> None:
+    # torch's autograd worker for npu:1 drops its last reference to the finished graph task after
+    # it has woken the caller; that drop frees a Python object and needs the GIL.  Here the worker
+    # is made late on purpose: one CPU for the whole process (the woken caller preempts the
+    # worker) and a switch interval that lets the caller keep the GIL until the interpreter
+    # finalizes.  Without the simulation's drain at exit, the worker then wakes into finalization
+    # and the process aborts ("terminate called without an active exception"), every time.
+    # A loaded CI machine does the same by chance.
+    proc = run_py(
+        """
+        import os, sys, torch
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # before the workers start
+        sys.setswitchinterval(60)
+        x = torch.ones(8, device="npu:1", requires_grad=True)
+        (x * 2).sum().backward()
+        assert x.grad.device == torch.device("npu:1")
+        """,
+        env=sim_env(),
+        pythonpath=[str(SIM_SITE)],
+        timeout=240,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr.strip()[-300:]) == (0, "")
 
 
 @computes

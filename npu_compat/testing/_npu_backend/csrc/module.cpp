@@ -3,6 +3,7 @@
 #include "npu_backend.h"
 
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
@@ -196,6 +197,32 @@ pybind11::dict stats_dict(int device) {
   return d;
 }
 
+// torch's autograd engine runs the nodes of an npu graph on a worker thread per device index.
+// The worker drops its reference to a finished graph task only after it has woken the caller,
+// and since torch 2.13 that task holds a Python object: the contextvars Context that
+// torch.autograd.graph._engine_run_backward stashes in the thread-local state it snapshots.
+// When the worker holds the last reference, dropping it takes the GIL.  If the interpreter is
+// finalizing by then, Python ends the worker with pthread_exit inside a noexcept frame and the
+// process aborts at exit ("terminate called without an active exception"); a loaded machine
+// makes that likely.  A small graph run from C++ on each device, with no Python object in it,
+// queues behind whatever that device's worker still holds: when it returns, the worker has let
+// go.  Called at exit, before finalization.  False if a device could not run it.
+bool drain_autograd_workers() {
+  pybind11::gil_scoped_release no_gil;  // the worker may be waiting for the GIL to drop its task
+  bool drained = true;
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    try {
+      c10::InferenceMode not_inference(false);
+      c10::AutoGradMode grad_on(true);
+      auto x = at::ones({1}, at::TensorOptions().device(kNpu, d)).requires_grad_(true);
+      torch::autograd::grad({(x * 2).sum()}, {x});
+    } catch (const std::exception&) {
+      drained = false;
+    }
+  }
+  return drained;
+}
+
 }  // namespace
 }  // namespace npu_sim
 
@@ -221,6 +248,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_alias", &cpu_alias, "A CPU tensor over the same memory as an npu tensor.");
   m.def("set_fallback_counting", &set_fallback_counting);
   m.def("fallback_counts", &fallback_counts);
+  m.def("drain_autograd_workers", &drain_autograd_workers,
+        "Let each npu device's autograd worker drop its last graph task (at exit, before finalization).");
   m.def("hccl_backend", [](const c10::intrusive_ptr<c10d::Backend>& gloo) -> c10::intrusive_ptr<c10d::Backend> {
     return c10::make_intrusive<HostAliasBackend>(gloo);
   });
