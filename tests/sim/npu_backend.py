@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pytest
@@ -28,9 +29,18 @@ def child_env(devices: int = 2, **extra: str) -> dict[str, str]:
     return clean_env(sim_env(devices, **extra), [str(SIM_SITE)])
 
 
+def sim_run(
+    code: str, timeout: float = 240, devices: int = 2, check: bool = True, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` on a simulated Ascend (``run_py``: with ``check``, a failed child fails the test)."""
+    return run_py(
+        code, env=sim_env(devices, **extra), pythonpath=[str(SIM_SITE)], timeout=timeout, check=check
+    )
+
+
 def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend; what it printed last, as JSON."""
-    return last_json(run_py(code, env=sim_env(devices, **extra), pythonpath=[str(SIM_SITE)], timeout=timeout))
+    return last_json(sim_run(code, timeout, devices, **extra))
 
 
 @pytest.fixture(scope="session")
@@ -39,4 +49,4 @@ def npu_backend_built() -> None:
     if MISSING is not None:
         pytest.skip(f"the simulated npu backend needs {MISSING}")
     code = "import torch; from npu_compat.testing import _torch_sim as s; assert s.NATIVE is not None"
-    run_py(code, env=sim_env(), pythonpath=[str(SIM_SITE)], timeout=900)
+    sim_run(code, timeout=900)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from npu_compat.testing import SIM_SITE
-from tests.conftest import run_py
-from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_env, sim_json
+from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json, sim_run
 
 #: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
 pytestmark = pytest.mark.same_on_every_stack
@@ -274,7 +272,7 @@ def test_a_process_that_ran_backward_on_npu_exits_cleanly_when_its_autograd_work
     # finalizes.  Without the simulation's drain at exit, the worker then wakes into finalization
     # and the process aborts ("terminate called without an active exception"), every time.
     # A loaded CI machine does the same by chance.
-    proc = run_py(
+    proc = sim_run(
         """
         import os, sys, torch
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # before the workers start
@@ -283,9 +281,6 @@ def test_a_process_that_ran_backward_on_npu_exits_cleanly_when_its_autograd_work
         (x * 2).sum().backward()
         assert x.grad.device == torch.device("npu:1")
         """,
-        env=sim_env(),
-        pythonpath=[str(SIM_SITE)],
-        timeout=240,
         check=False,
     )
     assert (proc.returncode, proc.stderr.strip()[-300:]) == (0, "")

@@ -206,21 +206,19 @@ pybind11::dict stats_dict(int device) {
 // process aborts at exit ("terminate called without an active exception"); a loaded machine
 // makes that likely.  A small graph run from C++ on each device, with no Python object in it,
 // queues behind whatever that device's worker still holds: when it returns, the worker has let
-// go.  Called at exit, before finalization.  False if a device could not run it.
-bool drain_autograd_workers() {
+// go.  Called at exit, before finalization; a device that cannot run it (at its capacity, say) is
+// skipped, as there is nothing left to do about it then.
+void drain_autograd_workers() {
   pybind11::gil_scoped_release no_gil;  // the worker may be waiting for the GIL to drop its task
-  bool drained = true;
+  c10::InferenceMode not_inference(false);
+  c10::AutoGradMode grad_on(true);
   for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
     try {
-      c10::InferenceMode not_inference(false);
-      c10::AutoGradMode grad_on(true);
       auto x = at::ones({1}, at::TensorOptions().device(kNpu, d)).requires_grad_(true);
       torch::autograd::grad({(x * 2).sum()}, {x});
     } catch (const std::exception&) {
-      drained = false;
     }
   }
-  return drained;
 }
 
 }  // namespace
