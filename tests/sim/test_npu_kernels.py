@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from tests.sim.npu_backend import sim_json
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -362,13 +361,8 @@ def test_cross_entropy_loss_equals_the_log_softmax_of_the_target() -> None:
 # --------------------------------------------------------------------------- the simulated torch_npu and its callers
 
 
-def sim_child(code: str, timeout: float = 240) -> Any:
-    env = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
-    return last_json(run_py(code, env=env, pythonpath=[str(SIM_SITE)], timeout=timeout))
-
-
 def test_simulated_torch_npu_serves_the_kernels_counted_and_the_rest_stays_a_boundary() -> None:
-    out = sim_child(
+    out = sim_json(
         """
         import json, torch, torch_npu
         from torch_npu import npu_rms_norm      # importable by name, as transformers does
@@ -455,7 +449,7 @@ print(json.dumps(result))
 
 def test_transformers_flash_attention_2_goes_through_npu_fusion_attention() -> None:
     pytest.importorskip("transformers", reason="needs transformers (the upstream stack sessions)")
-    out = sim_child(ATTENTION_PATH)
+    out = sim_json(ATTENTION_PATH)
     assert out["npu"] and out["impl"] == "flash_attention_2" and out["counted_before"] == 0
     assert out["on"] == "npu:0" and out["logits_on"] == "npu:0"  # the model computes on the simulated NPU
     layer = 1  # the tiny model has one decoder layer: one attention call per forward
@@ -500,7 +494,7 @@ print(json.dumps({
 
 def test_verl_npu_patches_compute_what_stock_qwen2_computes() -> None:
     pytest.importorskip("verl", reason="needs verl (the upstream stack sessions)")
-    out = sim_child(VERL_PATCHES)
+    out = sim_json(VERL_PATCHES)
     # one decoder layer: two RMSNorms and the final one, one MLP, q and k rotated once each
     assert out["counts"] == {
         "npu_rms_norm": 3,

@@ -32,8 +32,9 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env, free_port, last_json, run_py
+from npu_compat.testing import SIM_SITE
+from tests.conftest import REPO, free_port, last_json, run_py
+from tests.sim.npu_backend import child_env, sim_env, sim_json
 
 try:
     VLLM_VERSION: str | None = importlib.metadata.version("vllm")
@@ -189,23 +190,12 @@ REAL_0_18_0 = {
 RECORD = REAL_0_23_0_POST1 if V023 else REAL_0_18_0
 
 
-def sim_env(**extra: str) -> dict[str, str]:
-    """A simulated Ascend host's environment, minus PYTHONPATH (``run_py``/``clean_env`` add it)."""
-    env = simulation_env(2, {})
-    env.update(extra)
-    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
-
-
-def sim_child(code: str, timeout: float = 180, **extra: str) -> Any:
-    return last_json(run_py(code, env=sim_env(**extra), pythonpath=[str(SIM_SITE)], timeout=timeout))
-
-
 def run_ranks(scripts: list[str], timeout: float = 180, **extra: str) -> list[Any]:
     """Run one script per rank, concurrently, on a simulated Ascend host; their last JSON lines.
 
     The first rank to fail stops the others, and the assertion shows every rank's output.
     """
-    env = clean_env(sim_env(**extra), [str(SIM_SITE)])
+    env = child_env(**extra)
     logs = [tempfile.TemporaryFile(mode="w+") for _ in scripts]
     procs = [
         subprocess.Popen([sys.executable, "-c", script], env=env, cwd=str(REPO), stdout=log,
@@ -296,7 +286,7 @@ print(json.dumps({"version": vllm_ascend.__version__, "checked": len(RECORD), "p
 
 def test_stand_ins_have_the_real_releases_signatures() -> None:
     """The stand-ins mirror vllm-ascend 0.23.0.post1 (vLLM >= 0.23) or 0.18.0 (older vLLM)."""
-    out = sim_child(f"RECORD = {RECORD!r}\n" + SIGNATURE_CHECK)
+    out = sim_json(f"RECORD = {RECORD!r}\n" + SIGNATURE_CHECK, timeout=180)
     assert out["version"] == FLAVOUR
     assert out["checked"] == len(RECORD)
     assert out["problems"] == []
@@ -349,7 +339,7 @@ print(json.dumps(out))
 
 
 def test_stand_ins_import_under_the_simulation_and_register_no_plugin() -> None:
-    out = sim_child(IMPORTS)
+    out = sim_json(IMPORTS, timeout=180)
     assert out["version"] == FLAVOUR and out["simulated"] is True
     assert out["register"] == "vllm_ascend.platform.NPUPlatform"
     # No entry point, no dist-info: vLLM's platform detection is left alone.
@@ -561,7 +551,7 @@ def test_pyhccl_runs_collectives_over_a_torch_process_group_across_two_processes
 
 
 def test_pyhccl_is_disabled_for_a_single_rank() -> None:
-    out = sim_child(
+    out = sim_json(
         f"""
         import json, torch
         from vllm.distributed.utils import StatelessProcessGroup
@@ -571,7 +561,8 @@ def test_pyhccl_is_disabled_for_a_single_rank() -> None:
         t = torch.ones(2)
         print(json.dumps({{"available": comm.available, "disabled": comm.disabled, "device": hasattr(comm, "device"),
                           "all_reduce": comm.all_reduce(t), "broadcast": comm.broadcast(t, src=0)}}))
-        """
+        """,
+        timeout=180,
     )
     # as the real one: nothing set up, collectives return None, and no ``device`` attribute
     assert out == {
