@@ -10,11 +10,19 @@ which patches applied in which process of a run.
 Every problem that would break a run is an ``error`` with the fix in its message, and
 makes the exit status 1; ``warning`` and ``note`` lines never do.  A bad command line
 exits with 2.
+
+A version outside a patch's range is only reported when the installed files still hold
+what that patch changes (read from the distribution's files, never imported): a module,
+a name the patch replaces, or the ``torch.cuda`` a view of torch redirects.  A whole
+distribution outside every range is not reported when :data:`SERVED_ELSEWHERE` says,
+and this environment confirms, that the code its patches change is gone from that
+version and other patches serve what it did.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -93,30 +101,194 @@ def _ships_module(distribution: str, module: str) -> bool:
     return any(str(f) in wanted for f in files)
 
 
+def _module_source(distribution: str, module: str) -> str | None:
+    """The installed source of ``module`` from ``distribution``'s files, or None (not there, unreadable)."""
+    try:
+        files = metadata.files(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    stem = module.replace(".", "/")
+    wanted = {f"{stem}.py", f"{stem}/__init__.py"}
+    for f in files or ():
+        if str(f) in wanted:
+            try:
+                return f.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                return None
+    return None
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+#: Calls that can bind module globals no statement names.
+_DYNAMIC = frozenset({"globals", "exec"})
+
+
+def _module_names(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level (in top-level ``if``/``try`` blocks too), or None
+    when they cannot be read off (a star import, a module ``__getattr__``, ``globals()`` or ``exec``)."""
+    if any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DYNAMIC
+        for n in ast.walk(tree)
+    ):
+        return None
+    names: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                bound = alias.asname or alias.name
+                names.add(bound.split(".")[0] if isinstance(node, ast.Import) else bound)
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return None if "__getattr__" in names else names
+
+
+#: Replacements that swap a module global for a view of it, and the one attribute of that global
+#: the view answers differently: a module that never names ``<global>.<attribute>`` is not changed.
+_VIEWS = {"npu_compat.patches.torch_view:torch_for_npu": "cuda"}
+
+
+def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
+    """Why ``spec.distribution`` ``version`` (installed) holds nothing for ``spec`` to change, read from
+    its installed files; None when it does, or when that cannot be told."""
+    if not _ships_module(spec.distribution, spec.module):
+        return f"{spec.distribution} {version} does not ship {spec.module}"
+    source = _module_source(spec.distribution, spec.module)
+    if source is None:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    name = spec.attr_path[0]
+    names = _module_names(tree)
+    if names is not None and name not in names:
+        return f"its {spec.module} has no {name}"
+    attribute = _VIEWS.get(spec.replacement or "")
+    if attribute is not None and not any(
+        isinstance(n, ast.Attribute)
+        and n.attr == attribute
+        and isinstance(n.value, ast.Name)
+        and n.value.id == name
+        for n in ast.walk(tree)
+    ):
+        return f"its {spec.module} never uses {name}.{attribute}"
+    return None
+
+
+@dataclass(frozen=True)
+class ServedElsewhere:
+    """Versions of a distribution outside every range its patches support that need none of them: the
+    code those patches change is gone from these versions, and other patches serve what it did.
+
+    Believed only when this environment confirms it: no module of ``gone`` is in the installed
+    distribution's files, and every patch of ``served_by`` exists and supports the installed version
+    of its own distribution."""
+
+    distribution: str
+    versions: str
+    gone: tuple[str, ...]
+    served_by: tuple[str, ...]
+    how: str
+
+
+#: What serves the versions that no patch's range covers, checked by a whole run on that stack.
+SERVED_ELSEWHERE: tuple[ServedElsewhere, ...] = (
+    ServedElsewhere(
+        "verl",
+        ">=0.8,<0.9",  # 0.8.0: stack a, whose whole `trinity run` finishes on the simulated Ascend
+        gone=("verl.workers.actor.dp_actor",),
+        served_by=("trinity.verl.config.torch_compile",),
+        how="verl 0.8 has no DataParallelPPOActor (what verl.dp_actor.torch_compile patches): trinity-rft "
+        "0.6 trains on it through its engine path (trinity.trainer.verl), whose FSDP engine compiles "
+        "entropy_from_logits as the actor config's fsdp_config.use_torch_compile says, and "
+        "trinity.verl.config.torch_compile turns that off",
+    ),
+)
+
+
+def _served_elsewhere(
+    dist: str, version: str, specs: tuple[PatchSpec, ...], served: tuple[ServedElsewhere, ...]
+) -> tuple[ServedElsewhere | None, str | None]:
+    """The declaration that serves ``dist`` ``version`` here, or None and why a declaration does not hold."""
+    by_id = {s.id: s for s in specs}
+    why_not = None
+    for entry in served:
+        if entry.distribution != dist or not _in_range(version, entry.versions):
+            continue
+        problems = [f"{dist} {version} ships {m}" for m in entry.gone if _ships_module(dist, m)]
+        for pid in entry.served_by:
+            spec = by_id.get(pid)
+            other = None if spec is None else _installed(spec.distribution)
+            if spec is None:
+                problems.append(f"npu-compat has no patch {pid}")
+            elif other is None or not _in_range(other, spec.versions):
+                problems.append(
+                    f"{pid} needs {spec.distribution}{spec.versions} (installed: {other or 'none'})"
+                )
+        if not problems:
+            return entry, None
+        why_not = f"{entry.how}; here, though, {'; '.join(problems)}"
+    return None, why_not
+
+
 def check_targets(
-    d: Diagnosis, specs: tuple[PatchSpec, ...], decision: _env.Decision | None
+    d: Diagnosis,
+    specs: tuple[PatchSpec, ...],
+    decision: _env.Decision | None,
+    served: tuple[ServedElsewhere, ...] = SERVED_ELSEWHERE,
 ) -> dict[str, str | None]:
     by_dist: dict[str, list[str]] = {}
     for spec in specs:
         ranges = by_dist.setdefault(spec.distribution, [])
         if spec.versions not in ranges:
             ranges.append(spec.versions)
-    rows = []
+    rows: list[dict[str, object]] = []
     installed: dict[str, str | None] = {}
     for dist, ranges in sorted(by_dist.items()):
         version = installed[dist] = _installed(dist)
         covered = version is not None and any(_in_range(version, r) for r in ranges)
         verdict = "not installed" if version is None else ("supported" if covered else "not covered")
-        rows.append({"distribution": dist, "installed": version, "ranges": ranges, "verdict": verdict})
-        if verdict == "not covered":
-            # Not an error: a patch may be needed only by other versions (a layout this one does not
-            # have), and a newer release may carry its own NPU support.
-            d.add(
-                "warning" if decision is not None and decision.is_npu else "note",
-                f"{dist} {version} is outside every range npu-compat patches ({', '.join(ranges)}): none of "
-                f"its patches apply. If this {dist} needs them on Ascend, install a supported one or "
-                "upgrade npu-compat",
-            )
+        row: dict[str, object] = {
+            "distribution": dist,
+            "installed": version,
+            "ranges": ranges,
+            "verdict": verdict,
+        }
+        rows.append(row)
+        if version is None or covered:
+            continue
+        entry, why_not = _served_elsewhere(dist, version, specs, served)
+        if entry is not None:
+            row.update(verdict="no patch needed", served_by=list(entry.served_by), how=entry.how)
+            continue
+        # Not an error: a patch may be needed only by other versions (a layout this one does not
+        # have), and a newer release may carry its own NPU support.
+        gone = [nothing_to_patch(s, version) for s in specs if s.distribution == dist]
+        found = (
+            f"; nothing any of them changes is in it ({'; '.join(sorted({g for g in gone if g}))})"
+            if gone and all(gone)
+            else ""
+        )
+        d.add(
+            "warning" if decision is not None and decision.is_npu else "note",
+            f"{dist} {version} is outside every range npu-compat patches ({', '.join(ranges)}): none of "
+            f"its patches apply{found}"
+            + (f" ({why_not})" if why_not else "")
+            + f". If this {dist} needs them or other changes on Ascend, install a supported one or "
+            "upgrade npu-compat",
+        )
     d.sections["targets"] = rows
     return installed
 
@@ -144,7 +316,11 @@ def check_plans(
             plan, why = "skip", f"{spec.distribution} is not installed: nothing to patch"
         elif not _in_range(version, spec.versions):
             plan, why = "skip", f"{spec.distribution} {version} is outside {spec.versions!r}"
-            unsupported.setdefault(spec.target, []).append(spec.versions)
+            absent = nothing_to_patch(spec, version)
+            if absent is None:
+                unsupported.setdefault(spec.target, []).append(spec.versions)
+            else:
+                why += f" ({absent}: nothing to patch)"
         elif spec.condition is not None:
             plan = "would apply"
             why = f"when {spec.module} is imported, unless {spec.condition} says otherwise"
@@ -159,8 +335,9 @@ def check_plans(
         if spec.target not in unsupported or version is None or spec.distribution not in supported_dists:
             continue  # a wholly unsupported distribution is reported once, by check_targets
         siblings = [s.versions for s in specs if s.target == spec.target]
-        if not any(_in_range(version, r) for r in siblings) and _ships_module(spec.distribution, spec.module):
-            # what the engine warns about once the module is imported (this layout may be patched elsewhere)
+        if not any(_in_range(version, r) for r in siblings):
+            # the installed module holds what this patch changes (nothing_to_patch found it there),
+            # and no patch for it supports this version
             ranges = ", ".join(repr(r) for r in siblings)
             d.add(
                 "warning",
@@ -503,7 +680,9 @@ def render(d: Diagnosis) -> str:
     lines += ["", "target distributions:"]
     for t in s["targets"]:  # type: ignore[attr-defined]
         ranges = ", ".join(t["ranges"])
-        lines.append(f"  {t['distribution']:14s} {t['installed'] or '-':14s} {t['verdict']:13s} {ranges}")
+        lines.append(f"  {t['distribution']:14s} {t['installed'] or '-':14s} {t['verdict']:15s} {ranges}")
+        if "how" in t:
+            lines.append(f"      {t['how']}")
     lines += ["", "patch plan (nothing imported):"]
     plans = s["plans"]
     assert isinstance(plans, list)

@@ -202,3 +202,136 @@ def test_no_ray_warning_where_both_sides_agree_or_no_token_exists(
     assert messages == [], messages
     _, messages, _ = _ray_warnings(child_env({"HOME": str(tmp_path / "empty")}))
     assert messages == [] and section["auth_mode"] == extra.get("RAY_AUTH_MODE")
+
+
+def _dist(root: Path, name: str, version: str, files: dict[str, str]) -> None:
+    """An installed distribution as ``importlib.metadata`` finds it: its files, and a RECORD naming them."""
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+    for f, text in files.items():
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text(text)
+
+
+_VIEW = "npu_compat.patches.torch_view:torch_for_npu"
+
+
+def _x(id: str, target: str, versions: str = ">=1,<2", **kw: str) -> PatchSpec:
+    kw = kw or {"wrapper": "a:b"}
+    return PatchSpec(id, target, distribution="xpkg", versions=versions, why="t", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("source", "warned", "nothing_because"),
+    [
+        # what the patches change is there: no patch supports this version of it
+        (
+            "import torch\n\nclass Worker:\n    def run(self):\n        torch.cuda.synchronize()\n",
+            {"xpkg.mod:torch", "xpkg.mod:Worker.run"},
+            {},
+        ),
+        # the layout moved on: the view has no torch.cuda to redirect, and the class is gone
+        (
+            "try:\n    import torch\nexcept ImportError:\n    torch = None\n\ndef run():\n    return torch.ones(1)\n",
+            set(),
+            {"x.view": "its xpkg.mod never uses torch.cuda", "x.cls": "its xpkg.mod has no Worker"},
+        ),
+        # no torch bound at all; a star import, or globals(), hides which names the module has: the class
+        # may be there
+        ("from elsewhere import *\n", {"xpkg.mod:Worker.run"}, {"x.view": "never uses torch.cuda"}),
+        (
+            "globals()['Worker'] = type('Worker', (), {})\n",
+            {"xpkg.mod:Worker.run"},
+            {"x.view": "never uses torch.cuda"},
+        ),
+    ],
+)
+def test_a_version_outside_a_patchs_range_is_reported_only_where_it_holds_what_the_patch_changes(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    source: str,
+    warned: set[str],
+    nothing_because: dict[str, str],
+) -> None:
+    _dist(tmp_path, "xpkg", "9.0", {"xpkg/__init__.py": "", "xpkg/now.py": "", "xpkg/mod.py": source})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = (
+        # this version is supported: its other patches are checked one by one
+        _x("x.now", "xpkg.now:f", ">=9,<10"),
+        _x("x.view", "xpkg.mod:torch", replacement=_VIEW),
+        _x("x.cls", "xpkg.mod:Worker.run"),
+        _x("x.gone", "xpkg.old:f"),
+    )
+    d = _doctor.Diagnosis()
+    decision = _env.Decision("npu", "test")
+    installed = _doctor.check_targets(d, specs, decision, served=())
+    _doctor.check_plans(d, specs, installed, decision, {})
+    assert installed == {"xpkg": "9.0"} and d.ok
+    found = {f.message.split(" for ")[1].split(" ")[0] for f in d.findings if f.level == "warning"}
+    assert found == warned, d.findings
+    plans = {p["id"]: p for p in d.sections["plans"]}  # type: ignore[attr-defined]
+    assert plans["x.now"]["plan"] == "would apply"
+    assert "xpkg 9.0 does not ship xpkg.old: nothing to patch" in plans["x.gone"]["why"]
+    for pid, because in nothing_because.items():
+        assert f"{because}: nothing to patch" in plans[pid]["why"], plans[pid]
+    for pid in ("x.view", "x.cls"):
+        assert ("nothing to patch" in plans[pid]["why"]) == (pid in nothing_because), plans[pid]
+
+
+@pytest.mark.parametrize(
+    ("gone", "fix_versions", "problem"),
+    [
+        # confirmed here: the version is served, nothing to report
+        (("xpkg.old",), ">=2,<3", None),
+        # what the declaration says is gone is there
+        (("xpkg.mod",), ">=2,<3", "xpkg 9.0 ships xpkg.mod"),
+        # the serving patch does not apply to the installed ypkg
+        (("xpkg.old",), ">=3,<4", "y.fix needs ypkg>=3,<4 (installed: 2.0)"),
+    ],
+)
+def test_a_distribution_outside_every_range_is_served_elsewhere_only_where_this_environment_confirms_it(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    gone: tuple[str, ...],
+    fix_versions: str,
+    problem: str | None,
+) -> None:
+    _dist(tmp_path, "xpkg", "9.0", {"xpkg/__init__.py": "", "xpkg/mod.py": "import torch\n"})
+    _dist(tmp_path, "ypkg", "2.0", {"ypkg/__init__.py": "", "ypkg/m.py": ""})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fix = PatchSpec("y.fix", "ypkg.m:g", distribution="ypkg", versions=fix_versions, why="t", wrapper="a:b")
+    specs = (_x("x.old", "xpkg.old:f"), fix)
+    served = (
+        _doctor.ServedElsewhere("xpkg", ">=9,<10", gone, ("y.fix",), "xpkg 9 has no old; y.fix serves it"),
+    )
+    d = _doctor.Diagnosis()
+    _doctor.check_targets(d, specs, _env.Decision("npu", "test"), served=served)
+    row = next(r for r in d.sections["targets"] if r["distribution"] == "xpkg")  # type: ignore[attr-defined]
+    if problem is None:
+        assert d.findings == []
+        assert row == {"distribution": "xpkg", "installed": "9.0", "ranges": [">=1,<2"],
+                       "verdict": "no patch needed", "served_by": ["y.fix"], "how": served[0].how}  # fmt: skip
+        return
+    assert row["verdict"] == "not covered"
+    about_x = [f for f in d.findings if f.message.startswith("xpkg ")]  # (ypkg 2.0 may be outside too)
+    assert [f.level for f in about_x] == ["warning"]
+    message = about_x[0].message
+    assert message.startswith("xpkg 9.0 is outside every range npu-compat patches (>=1,<2)"), message
+    assert problem in message and "xpkg 9 has no old" in message, message
+
+
+def test_with_nothing_declared_a_distribution_whose_patch_targets_are_all_gone_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _dist(tmp_path, "xpkg", "9.0", {"xpkg/__init__.py": "", "xpkg/mod.py": "def run():\n    pass\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    d = _doctor.Diagnosis()
+    specs = (_x("x.old", "xpkg.old:f"), _x("x.cls", "xpkg.mod:Worker.run"))
+    _doctor.check_targets(d, specs, _env.Decision("cpu", "test"), served=())
+    assert [f.level for f in d.findings] == ["note"]
+    assert (
+        "nothing any of them changes is in it (its xpkg.mod has no Worker; xpkg 9.0 does not ship xpkg.old)"
+        in d.findings[0].message
+    )
