@@ -68,7 +68,7 @@ def main() -> None:
     env["PYTHONPATH"] = str(REPO)
     env["NPU_COMPAT_AUTO"] = "0"  # only the Ray seam activates workers
     samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    with npu_ray_cluster(npus=2, cpus=4, env=env) as cluster:
+    with npu_ray_cluster(npus_per_node=2, cpus_per_node=4, env=env) as cluster:
         for _ in range(rounds):
             order = list(VARIANTS)
             random.shuffle(order)

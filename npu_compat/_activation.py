@@ -5,7 +5,7 @@ On ``npu`` this is the one engine module activation loads: its :class:`PostImpor
 waits for the first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
 which -- before that package runs -- or the first ``report()`` reads the patch list
 (:mod:`._register`).  The other parts are loaded when needed and handed the state; none
-imports this module.  The README's "How the engine works" follows one patch through them.
+imports this module.  docs/design.md, "How the engine works", follows one patch through them.
 Every byte here is unmarshalled by every activated process: keep it small.
 """
 

@@ -50,9 +50,6 @@ def start(via: str) -> str:
 
 
 def _simulate() -> None:
-    from .testing import SIM_SITE
+    from .testing._host import put_sites_first
 
-    site = str(SIM_SITE)
-    if site not in sys.path:
-        sys.path.insert(0, site)
-        sys.path_importer_cache.pop(site, None)
+    put_sites_first(os.environ)

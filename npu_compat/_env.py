@@ -58,6 +58,11 @@ SIMULATE_NPU_MEMORY = "NPU_COMPAT_SIMULATE_NPU_MEMORY"
 #: ``$XDG_CACHE_HOME/npu_compat``, else ``~/.cache/npu_compat``).
 SIMULATE_BUILD_DIR = "NPU_COMPAT_SIMULATE_BUILD_DIR"
 
+#: ``0`` leaves the simulated vllm-ascend's distribution (and so its vLLM platform and general
+#: plugins) out of a simulated process: vLLM then runs as on a host without vllm-ascend.
+#: Default ``1``: the simulated host has vllm-ascend installed, as a real Ascend host does.
+SIMULATE_VLLM_PLATFORM = "NPU_COMPAT_SIMULATE_VLLM_PLATFORM"
+
 #: ``0`` stops activation at interpreter start (the ``npu_compat.pth`` line and the
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
 #: and the vLLM plugin still activate.  For code that calls ``activate()`` itself

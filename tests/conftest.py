@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 
 from npu_compat.testing._ray import _free_port
+from npu_compat.testing._sites import sites
 
 pytest_plugins = ["npu_compat.testing.pytest_plugin"]
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: What a simulated child puts first on its path, as ``simulation_env`` does: the stand-ins and the
+#: vllm-ascend distribution of the installed vLLM's flavour (a whole simulated Ascend host).
+SIM_PATH = [str(p) for p in sites({})]
 
 #: A TCP port on 127.0.0.1 that was free a moment ago (process groups, stores): the Ray fixture's own helper.
 free_port = _free_port

@@ -1,10 +1,10 @@
 """A real local Ray cluster that advertises only NPUs, for tests (bounded waits everywhere).
 
-:func:`npu_ray_cluster` runs ``ray start --head --block`` in its own process group,
-with ``--num-gpus=0`` and ``--resources={"NPU": n}``, under the simulated Ascend
-environment, waits (bounded) until the head answers, yields its address, and on exit
-terminates that process group only -- never ``ray stop``, which would take down every
-Ray cluster on the machine.
+:func:`npu_ray_cluster` runs one ``ray start --block`` per node in its own process group -- the
+head, then ``nodes - 1`` more raylets on this machine that join it -- each with ``--num-gpus=0``
+and ``--resources={"NPU": m}`` under the simulated Ascend environment, waits (bounded) until every
+node is alive, yields the address, and on exit stops those processes and what they started only
+-- never ``ray stop``, which would take down every Ray cluster on the machine.
 
 Authentication is the cluster's own, never the user's.  A Ray with token authentication (2.60
 here) decides it per process: with ``RAY_AUTH_MODE`` unset, ``ray start --head`` turns it on as
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,21 +35,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import _env
-from . import simulation_env
+from ._host import simulation_env
 
 
 @dataclass
 class RayCluster:
     """A running cluster.  ``env`` is the environment of ``ray start``: give it (or at least
-    ``auth_env``) to every client -- a driver, ``ray status``, ``trinity run``."""
+    ``auth_env`` and ``RAY_ADDRESS``) to every client -- a driver, ``ray status``, ``trinity run``."""
 
     address: str
     env: dict[str, str]
     temp_dir: Path
     log: Path
+    #: The whole cluster's resources: ``{"NPU": nodes * npus_per_node, "CPU": nodes * cpus_per_node}``.
     resources: dict[str, float] = field(default_factory=dict)
     #: The cluster's authentication setting, the same for the head and every client.
     auth_env: dict[str, str] = field(default_factory=dict)
+    #: How many nodes (raylets) it has, and each one's resources.
+    nodes: int = 1
+    node_resources: dict[str, float] = field(default_factory=dict)
+    #: The ``ray start --block`` processes, the head first.
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    def exited(self) -> str | None:
+        """None while every node's ``ray start`` runs; else which one exited, with its status."""
+        for index, proc in enumerate(self.processes):
+            if proc.poll() is not None:
+                return f"node {index}'s `ray start` exited with status {proc.returncode}"
+        return None
+
+    def client_env(self) -> dict[str, str]:
+        """What a client process needs beyond its own environment: the simulation, the address and
+        the authentication (the variables the shell command prints and writes to ``--env-file``)."""
+        names = [
+            _env.RAY_ADDRESS, *self.auth_env, _env.SIMULATE, _env.SIMULATE_DEVICES,
+            _env.SIMULATE_VLLM_PLATFORM, _env.ASCEND_VISIBLE_DEVICES, _env.ASCEND_TOOLKIT_VARS[0],
+            "PYTHONPATH",
+        ]  # fmt: skip
+        return {name: self.env[name] for name in names if name in self.env}
 
 
 def cluster_auth_env(temp_dir: Path) -> dict[str, str]:
@@ -81,24 +105,84 @@ def _wait_for_port(port: int, deadline: float, proc: subprocess.Popen[bytes], lo
     raise TimeoutError(f"the Ray head did not listen on port {port} in time:\n{log.read_text()[-4000:]}")
 
 
+def _ray_start(
+    argv_tail: list[str], env: Mapping[str, str], log: Path, prefix: list[str] | None
+) -> subprocess.Popen[bytes]:
+    """``ray start ... --block`` in its own process group, its output to ``log``."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    argv = [*(prefix or []), ray_bin if os.path.exists(ray_bin) else "ray", "start", "--block", *argv_tail]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """``ray start --block`` stops what it started on SIGTERM to itself (not to its group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _active_nodes(status: str) -> int:
+    """How many nodes ``ray status`` lists as active (its "Active:" section, up to "Pending:")."""
+    active = status.partition("Active:")[2].partition("Pending:")[0]
+    return len(re.findall(r"^\s*\d+ node_[0-9a-f]+\s*$", active, re.MULTILINE))
+
+
+def _wait_for_nodes(
+    address: str, nodes: int, env: Mapping[str, str], deadline: float, procs: list[subprocess.Popen[bytes]],
+    logs: list[Path],
+) -> None:  # fmt: skip
+    """Until ``ray status`` (the autoscaler's view, which placement groups see too) lists ``nodes``."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    argv = [ray_bin if os.path.exists(ray_bin) else "ray", "status", "--address", address]
+    last = ""
+    while time.monotonic() < deadline:
+        for proc, log in zip(procs, logs, strict=True):
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=60, check=False)
+            last = out.stdout + out.stderr
+            if out.returncode == 0 and _active_nodes(out.stdout) >= nodes:
+                return
+        time.sleep(1)
+    raise TimeoutError(f"{nodes} Ray nodes were not active in time; last `ray status`:\n{last[-2000:]}")
+
+
 @contextlib.contextmanager
 def npu_ray_cluster(
-    npus: int = 2,
-    cpus: int = 4,
+    nodes: int = 1,
+    npus_per_node: int = 2,
+    cpus_per_node: int = 4,
     *,
     env: Mapping[str, str] | None = None,
     command_prefix: list[str] | None = None,
     start_timeout: float = 120,
 ) -> Iterator[RayCluster]:
-    """A simulated Ascend Ray cluster: ``{"NPU": npus}``, no GPU.  Yields a :class:`RayCluster`.
+    """A simulated Ascend Ray cluster on this machine: ``nodes`` raylets, each advertising
+    ``{"NPU": npus_per_node}`` and ``cpus_per_node`` CPUs, and no GPU.  Yields a :class:`RayCluster`
+    once every node is alive.
 
-    ``command_prefix`` is put before ``ray start`` (e.g. ``[sys.executable, "-m", "npu_compat"]``
-    to start the head through the launcher).
+    Each node is a simulated Ascend host of ``npus_per_node`` NPUs (``ASCEND_RT_VISIBLE_DEVICES``
+    ``0..M-1`` in its raylet's environment; Ray gives each worker that asks for ``{"NPU": k}`` its
+    own of them).  ``env`` is the environment to start from (default: this process's);
+    ``command_prefix`` goes before ``ray start`` (e.g. ``[sys.executable, "-m", "npu_compat"]`` to
+    start the nodes through the launcher).
     """
+    if nodes < 1 or npus_per_node < 0 or cpus_per_node < 1:
+        raise ValueError(f"nodes={nodes}, npus_per_node={npus_per_node}, cpus_per_node={cpus_per_node}: "
+                         "a cluster has at least one node and one CPU per node")  # fmt: skip
     temp_dir = Path(tempfile.mkdtemp(prefix="ncray-", dir="/tmp"))  # Ray's socket paths must stay short
     log = temp_dir / "ray-start.log"
     port = _free_port()
-    cluster_env = simulation_env(npus, env)
+    cluster_env = simulation_env(npus_per_node, env)
     cluster_env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     auth_env = cluster_auth_env(temp_dir)
     cluster_env.pop(_env.RAY_AUTH_TOKEN, None)  # an inherited token would win over the cluster's file
@@ -107,42 +191,41 @@ def npu_ray_cluster(
     # ``ray.init()`` (vLLM's worker processes, whose parent is a Ray actor, look up Trinity's
     # Synchronizer) finds a cluster started with Ray's default temp dir through its
     # ``ray_current_cluster`` file; this one's temp dir is private, so it is named here.
-    cluster_env[_env.RAY_ADDRESS] = f"127.0.0.1:{port}"
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    argv = [
-        *(command_prefix or []),
-        ray_bin if os.path.exists(ray_bin) else "ray",
-        "start", "--head", "--block",
-        f"--port={port}",
-        f"--num-cpus={cpus}", "--num-gpus=0",
-        f"--resources={json.dumps({'NPU': npus})}",
-        "--include-dashboard=false", "--disable-usage-stats",
-        f"--temp-dir={temp_dir}",
+    address = f"127.0.0.1:{port}"
+    cluster_env[_env.RAY_ADDRESS] = address
+    node_args = [
+        f"--num-cpus={cpus_per_node}", "--num-gpus=0",
+        f"--resources={json.dumps({'NPU': npus_per_node})}",
+        "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, env=cluster_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    head_args = ["--head", f"--port={port}", "--include-dashboard=false", *node_args]
+    procs = [_ray_start(head_args, cluster_env, log, command_prefix)]
+    logs = [log]
     try:
-        _wait_for_port(port, time.monotonic() + start_timeout, proc, log)
+        deadline = time.monotonic() + start_timeout
+        _wait_for_port(port, deadline, procs[0], log)
+        for index in range(1, nodes):
+            logs.append(temp_dir / f"ray-start-node{index}.log")
+            procs.append(
+                _ray_start([f"--address={address}", *node_args], cluster_env, logs[-1], command_prefix)
+            )
+        if nodes > 1:
+            _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
+        per_node = {"NPU": float(npus_per_node), "CPU": float(cpus_per_node)}
         yield RayCluster(
-            f"127.0.0.1:{port}",
+            address,
             cluster_env,
             temp_dir,
             log,
-            {"NPU": float(npus), "CPU": float(cpus)},
+            {name: amount * nodes for name, amount in per_node.items()},
             auth_env,
+            nodes,
+            per_node,
+            procs,
         )
     finally:
-        # `ray start --block` stops its cluster on SIGTERM to itself (not to its group)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        for proc in reversed(procs):  # the worker nodes first, then the head
+            _stop(proc)
         # raylet children started in new sessions by Ray itself: find them by temp dir
         _kill_leftovers(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -558,6 +558,55 @@ def _release_autograd_workers() -> None:
         native.drain_autograd_workers()
 
 
+class _CallingThreadEngine:
+    """torch's autograd engine, with every backward run on the thread that calls it.
+
+    Stands in for ``Variable._execution_engine`` (through which every Python backward goes:
+    ``torch.autograd.backward``/``grad``, ``Tensor.backward``) in a process whose engine made its
+    per-device worker queues before the ``npu`` backend existed (:func:`cover_early_autograd`).
+    ``run_backward`` runs under ``torch.autograd.set_multithreading_enabled(False)``, torch's own
+    switch for that: the graph's nodes, ``npu`` ones included, run on the caller's CPU ready queue,
+    which needs no per-device worker.  Everything else (``queue_callback``,
+    ``is_checkpoint_valid``) is the engine's own.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def run_backward(self, *args: Any, **kwargs: Any) -> Any:
+        previous = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)
+        try:
+            return self._engine.run_backward(*args, **kwargs)
+        finally:
+            torch._C._set_multithreading_enabled(previous)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def cover_early_autograd() -> bool:
+    """Make backward on ``npu`` work in a process that ran a backward before the simulation began.
+
+    torch's autograd engine makes its per-device worker queues once, at the process's first
+    backward, for the devices of the backends registered by then; a simulation entered later
+    (``enable()``/``simulated_ascend()`` after a backward on CPU) finds none for ``npu``, and torch
+    fails an INTERNAL ASSERT at the first backward on it.  A real torch_npu is loaded by
+    ``import torch``, before any backward, so it never meets this.  Here, when the engine has
+    fewer queues than there are simulated NPUs, every backward runs on its calling thread
+    (:class:`_CallingThreadEngine`) -- the same results, one thread.  Returns whether that was
+    needed.  Idempotent.
+    """
+    from torch.autograd.variable import Variable
+
+    if NATIVE is None or isinstance(Variable._execution_engine, _CallingThreadEngine):
+        return NATIVE is not None
+    if NATIVE.autograd_device_queues() >= NATIVE.device_count():
+        return False  # made after the npu backend existed: it has a worker for every NPU
+    Variable._execution_engine = _CallingThreadEngine(Variable._execution_engine)
+    return True
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     global NATIVE

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
+from npu_compat.testing import simulation_env
 from tests.catalogue.rows import Row, applicable
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, SIM_PATH, clean_env
 
 #: exercises verl: stack-b (stack-a with another verl) runs it; its probe runs, each a Ray driver
 #: with its actors, run with no other test beside them (noxfile)
@@ -51,7 +51,7 @@ MODES = {
 def outcomes(npu_ray_cluster: Any) -> dict[str, dict[str, dict[str, Any]]]:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for mode, (args, extra) in MODES.items():
-        env = clean_env(simulation_env(2, {}), [str(SIM_SITE)])
+        env = clean_env(simulation_env(2, {}), SIM_PATH)
         env.update(extra, RAY_ADDRESS=npu_ray_cluster.address)
         proc = subprocess.run(
             [sys.executable, "-m", "tests.catalogue.probes", *args, *(r.probe for r in ROWS)],

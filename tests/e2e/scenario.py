@@ -37,8 +37,6 @@ from npu_compat.testing._ray import npu_ray_cluster
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "e2e" / "trinity_tiny.yaml"
 DATA = REPO / "examples" / "e2e" / "data"
-#: Harness: the stand-in vllm_ascend declared as vLLM platform plugin (see its README).
-PLATFORM_SITE = Path(__file__).resolve().with_name("_platform_site")
 
 #: (stage, regular expression over all logs) in the order a run reaches them.  The Trainer actor's
 #: constructor builds the verl worker group and its models, so in mode `both` the trainer side
@@ -153,7 +151,7 @@ def _inherited() -> dict[str, str]:
 
 def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
     env = _inherited()
-    env["PYTHONPATH"] = os.pathsep.join([str(PLATFORM_SITE), str(REPO)])  # the harness's site goes first
+    env["PYTHONPATH"] = str(REPO)  # the cluster's simulation_env puts the simulated host's sites first
     env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
     env["PYTHONUNBUFFERED"] = "1"
     env["TRINITY_LOG_DIR"] = str(workdir / "trinity-logs")
@@ -271,7 +269,9 @@ def run(
     what += f" {names} (mode {modes}, bound {timeout:.0f} s)"
     how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
     say(f"starting the simulated NPU-only Ray cluster ({{'NPU': 2}}, no GPU; {how})")
-    with npu_ray_cluster(npus=2, cpus=4, env=env, command_prefix=prefix, start_timeout=180) as ray_cluster:
+    with npu_ray_cluster(
+        npus_per_node=2, cpus_per_node=4, env=env, command_prefix=prefix, start_timeout=180
+    ) as ray_cluster:
         driver_env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
         say(f"running {what}")
         started = time.monotonic()

@@ -62,7 +62,7 @@ ROLLOUT_SIDE = [
 
 
 def beyond_ci_where(condition: bool) -> Any:
-    """``beyond_ci`` (left out of CI for time, README "What each stack runs") on the stacks where ``condition``."""
+    """``beyond_ci`` (left out of CI for time, docs/testing.md "What each stack runs") on the stacks where ``condition``."""
     return pytest.mark.beyond_ci if condition else (lambda test: test)
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import SIM_PATH, last_json, run_py
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -57,7 +57,7 @@ def snapshot():
 def _run(body: str, **env: str) -> Any:
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
     sim.update(env)
-    return last_json(run_py(SNAPSHOT + body, env=sim, pythonpath=[str(SIM_SITE)], timeout=600))
+    return last_json(run_py(SNAPSHOT + body, env=sim, pythonpath=SIM_PATH, timeout=600))
 
 
 def test_cuda_decision_leaves_every_target_identical() -> None:

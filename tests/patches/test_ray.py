@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import SIM_PATH, last_json, run_py
 
 #: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
 pytestmark = pytest.mark.same_on_every_stack
@@ -30,7 +30,7 @@ def _driver(cluster: Any, body: str, **env: str) -> dict[str, Any]:
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
     sim.update(env)
     code = DRIVER.replace("ADDRESS", repr(cluster.address)) + body
-    return last_json(run_py(code, env=sim, pythonpath=[str(SIM_SITE)], timeout=240))  # type: ignore[return-value]
+    return last_json(run_py(code, env=sim, pythonpath=SIM_PATH, timeout=240))  # type: ignore[return-value]
 
 
 def test_gpu_requests_are_scheduled_on_npus(npu_ray_cluster: Any) -> None:
@@ -90,7 +90,7 @@ ray.kill(actor)
 print(json.dumps({"ready": ready}))
 """,
         env=sim,
-        pythonpath=[str(SIM_SITE)],
+        pythonpath=SIM_PATH,
         timeout=240,
     )
     assert last_json(proc) == {"ready": False}

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env, free_port, last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import REPO, SIM_PATH, clean_env, free_port, last_json, run_py
 
 #: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
 pytestmark = pytest.mark.same_on_every_stack
@@ -63,7 +63,7 @@ os._exit(0)
 @pytest.mark.parametrize(("asked", "got"), [("nccl", "hccl"), ("cpu:gloo,cuda:nccl", "cpu:gloo,npu:hccl")])
 def test_nccl_request_runs_real_collectives_over_hccl(asked: str, got: str) -> None:
     port = str(free_port())
-    env = clean_env(_sim(), [str(SIM_SITE)])
+    env = clean_env(_sim(), SIM_PATH)
     procs = [
         subprocess.Popen([sys.executable, "-c", COLLECTIVES, str(rank), port, asked], env=env, cwd=str(REPO),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,7 +90,7 @@ def test_stock_nccl_request_fails_on_the_simulated_ascend() -> None:
         dist.init_process_group("nccl", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         """,
         env=_sim(NPU_COMPAT="0"),
-        pythonpath=[str(SIM_SITE)],
+        pythonpath=SIM_PATH,
         check=False,
     )
     assert proc.returncode != 0
@@ -146,7 +146,7 @@ def test_scoped_view_redirects_only_the_patched_module(tmp_path: object) -> None
                               "restored": upstream_mod.torch is torch, "loop": upstream_mod.hot_loop(10)}))
             """,
             env=_sim(),
-            pythonpath=[str(SIM_SITE), str(site)],
+            pythonpath=[*SIM_PATH, str(site)],
         )
     )
     assert out["seen"]["available"] is False  # is_available() never lies
@@ -177,7 +177,7 @@ def test_cuda_decision_leaves_torch_distributed_identical() -> None:
             print(json.dumps({"device": device, "same": all(a is b for a, b in zip(before, after))}))
             """,
             env=_sim(NPU_COMPAT_DEVICE="cuda"),
-            pythonpath=[str(SIM_SITE)],
+            pythonpath=SIM_PATH,
         )
     )
     assert out == {"device": "cuda", "same": True}

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import SIM_PATH, last_json, run_py
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -49,7 +49,7 @@ print(json.dumps(out))
 def _run(activate: bool, extra_path: list[str] | None = None) -> Any:
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
     code = PROBE.replace("ACTIVATE", str(activate))
-    return last_json(run_py(code, env=sim, pythonpath=[str(SIM_SITE), *(extra_path or [])], timeout=300))
+    return last_json(run_py(code, env=sim, pythonpath=[*SIM_PATH, *(extra_path or [])], timeout=300))
 
 
 def _applied(report: dict[str, list[str]]) -> list[str]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import SIM_PATH, last_json, run_py
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -49,7 +49,7 @@ def _devices(activate: bool) -> Any:
                               "yaml_npu": device({{"trainer": {{"device": "npu"}}}})}}))
             """,
             env=sim,
-            pythonpath=[str(SIM_SITE)],
+            pythonpath=SIM_PATH,
             timeout=300,
         )
     )

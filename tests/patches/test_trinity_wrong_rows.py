@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from npu_compat.patches.trinity_devices import CUDA_ADVICE, NPU_ADVICE
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import SIM_PATH, last_json, run_py
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -197,7 +197,7 @@ def _run(
             [workdir, dict(alloc or CUDA_HABIT), list(scenarios), run == "cuda", ENGINE_IN_INIT]
         )
         code = CHILD.replace("@ARGS@", f"json.loads({args!r})")
-        proc = run_py(code, env=sim, pythonpath=[str(SIM_SITE)], timeout=600)
+        proc = run_py(code, env=sim, pythonpath=SIM_PATH, timeout=600)
     return last_json(proc), proc.stdout + proc.stderr  # Trinity logs to stdout
 
 

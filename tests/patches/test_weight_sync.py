@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env, free_port
+from npu_compat.testing import simulation_env
+from tests.conftest import REPO, SIM_PATH, clean_env, free_port
 
 try:
     if not md.version("trinity-rft").startswith("0.6."):
@@ -82,7 +82,7 @@ print(json.dumps({"device": DEVICE, "engine": type(engine).__name__, "intact": i
 
 def test_trainer_broadcast_arrives_intact_in_the_rollout_worker() -> None:
     port = str(free_port())
-    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
+    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, SIM_PATH)
     procs = {
         role: subprocess.Popen([sys.executable, "-c", code, port], env=env, cwd=str(REPO),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -131,7 +131,7 @@ def test_checkpoint_sync_reaches_every_rollout_rank(tmp_path: Any) -> None:
 
     save_checkpoint(str(tmp_path))
     port = str(free_port())
-    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
+    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, SIM_PATH)
     procs = [
         subprocess.Popen([sys.executable, "-c", CHECKPOINT_RANK, str(rank), port, str(tmp_path)], env=env,
                          cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import REPO, clean_env
+from npu_compat.testing import simulation_env
+from tests.conftest import REPO, SIM_PATH, clean_env
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -233,7 +233,7 @@ print(json.dumps({"device": DEVICE, "backend": str(dist.get_backend(group)), "ra
 
 def _run_pair(tmp_path: Path, extra_env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Start trainer and rollout together; wait for both within one deadline, then kill whatever is left."""
-    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, [str(SIM_SITE)])
+    env = clean_env({k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}, SIM_PATH)
     env.update(extra_env)
     handoff = str(tmp_path / "handoff.pkl")
     procs: dict[str, tuple[subprocess.Popen[str], Path, Path]] = {}

@@ -90,7 +90,7 @@ def test_a_cluster_started_through_the_launcher_activates_its_workers(tmp_path: 
     reports = tmp_path / "reports"
     base = child_env(auto=False)  # the launcher drops NPU_COMPAT_AUTO for the cluster it starts
     launcher = [sys.executable, "-m", "npu_compat", "--report-dir", str(reports)]
-    with npu_ray_cluster(npus=2, cpus=2, env=base, command_prefix=launcher) as cluster:
+    with npu_ray_cluster(npus_per_node=2, cpus_per_node=2, env=base, command_prefix=launcher) as cluster:
         driver_env = dict(cluster.env)  # still NPU_COMPAT_AUTO=0: the driver is not activated
         out = drive(cluster, driver_env, activate=False, tag="launcher")
         off = drive(
@@ -115,7 +115,7 @@ def test_an_activated_driver_carries_npu_compat_into_a_plain_clusters_workers(tm
     reports = tmp_path / "reports"
     base = child_env(auto=False)  # neither the raylet nor its workers activate at interpreter start
     hooks = {"none": None, "path": "tests.seams.ray_hooks.mark", "callable": "callable"}
-    with npu_ray_cluster(npus=2, cpus=2, env=base) as cluster:
+    with npu_ray_cluster(npus_per_node=2, cpus_per_node=2, env=base) as cluster:
         driver_env = {**cluster.env, "NPU_COMPAT_REPORT_DIR": str(reports)}
         outs = {
             tag: drive(cluster, driver_env, activate=True, tag=tag, hook=hook) for tag, hook in hooks.items()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
+from npu_compat.testing import simulation_env
 from npu_compat.testing._npu_backend import missing_tools
-from tests.conftest import clean_env, last_json, run_py
+from tests.conftest import SIM_PATH, clean_env, last_json, run_py
 
 MISSING = missing_tools()
 
@@ -26,16 +26,14 @@ def sim_env(devices: int = 2, **extra: str) -> dict[str, str]:
 
 def child_env(devices: int = 2, **extra: str) -> dict[str, str]:
     """A whole environment for a ``subprocess.Popen`` child: the simulation, stand-ins on PYTHONPATH."""
-    return clean_env(sim_env(devices, **extra), [str(SIM_SITE)])
+    return clean_env(sim_env(devices, **extra), SIM_PATH)
 
 
 def sim_run(
     code: str, timeout: float = 240, devices: int = 2, check: bool = True, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` on a simulated Ascend (``run_py``: with ``check``, a failed child fails the test)."""
-    return run_py(
-        code, env=sim_env(devices, **extra), pythonpath=[str(SIM_SITE)], timeout=timeout, check=check
-    )
+    return run_py(code, env=sim_env(devices, **extra), pythonpath=SIM_PATH, timeout=timeout, check=check)
 
 
 def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) -> Any:

@@ -3,8 +3,8 @@
 One vLLM engine (``LLM(model=<tiny Qwen2>, enforce_eager=True)``, the engine core and the
 worker each in its own process, with async scheduling, as Trinity runs it) is started once for
 the module, in a fresh interpreter on a simulated
-Ascend host whose vLLM platform plugin is the stand-in ``vllm_ascend`` (declared by
-``tests/e2e/_platform_site``, as the real wheel declares it).  The child prints what it saw; each
+Ascend host whose vLLM platform plugin is the stand-in ``vllm_ascend`` (declared by its simulated
+distribution, as the real wheel declares it).  The child prints what it saw; each
 test checks one part against transformers computing on the same model directory.
 """
 
@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE
-from tests.conftest import REPO, run_py
+from tests.conftest import SIM_PATH, run_py
 from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION, sim_env
 
 pytestmark = [
@@ -24,7 +23,6 @@ pytestmark = [
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
 ]
 
-PLATFORM_SITE = REPO / "tests" / "e2e" / "_platform_site"
 
 ENGINE = r"""
 import json, os, sys, tempfile
@@ -112,7 +110,7 @@ def engine() -> dict[str, Any]:
     proc = run_py(
         ENGINE,
         env=sim_env(VLLM_ASCEND_ENABLE_NZ="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
-        pythonpath=[str(SIM_SITE), str(PLATFORM_SITE)],
+        pythonpath=SIM_PATH,
         timeout=900,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

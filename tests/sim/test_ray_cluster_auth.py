@@ -81,7 +81,7 @@ def test_a_plain_head_in_a_used_home_refuses_ray_status(used_home: tuple[Path, s
 
 def test_the_simulated_cluster_is_found_in_a_used_home(used_home: tuple[Path, str]) -> None:
     home, token = used_home
-    with npu_ray_cluster(npus=2, cpus=1, env=_user_env(home)) as cluster:
+    with npu_ray_cluster(npus_per_node=2, cpus_per_node=1, env=_user_env(home)) as cluster:
         deadline = time.monotonic() + 60  # right after the start, `ray status` may have no report yet
         while (
             status := _status(cluster.address, cluster.env)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE, simulation_env
-from tests.conftest import last_json, run_py
+from npu_compat.testing import simulation_env
+from npu_compat.testing._ray import _active_nodes
+from tests.conftest import SIM_PATH, clean_env, last_json, run_py
 
 #: torch and Ray alone, pinned alike in every stack: stack-a runs these (noxfile.SHARED_PINS)
 pytestmark = pytest.mark.same_on_every_stack
@@ -23,7 +28,7 @@ def sim(devices: int = 2, **extra: str) -> dict[str, str]:
 
 
 def sim_child(code: str, devices: int = 2, **kw: Any) -> Any:
-    return last_json(run_py(code, env=sim(devices), pythonpath=[str(SIM_SITE)], **kw))
+    return last_json(run_py(code, env=sim(devices), pythonpath=SIM_PATH, **kw))
 
 
 def test_torch_sees_an_ascend_host_and_cuda_stays_false() -> None:
@@ -150,7 +155,7 @@ dist.destroy_process_group()
 def test_hccl_runs_real_collectives_across_two_processes(backend: str) -> None:
     from tests.conftest import clean_env, run_ranks
 
-    outs = run_ranks(f"BACKEND = {backend!r}\n" + COLLECTIVES, clean_env(sim(), [str(SIM_SITE)]))
+    outs = run_ranks(f"BACKEND = {backend!r}\n" + COLLECTIVES, clean_env(sim(), SIM_PATH))
     for out in outs:
         assert out["backend"] == backend
         assert out["sum"] == [3.0, 30.0]
@@ -189,3 +194,30 @@ def test_ray_cluster_advertises_npus_only(npu_ray_cluster: Any) -> None:
     assert out["resources"]["NPU"] == 2.0 and "GPU" not in out["resources"]
     assert out["seen"][0] in {"0", "1"} and out["seen"][1] is True and out["seen"][2] is False
     assert out["gpu_ready"] is False  # a GPU request on an NPU-only cluster never becomes ready
+
+
+def test_the_env_command_prints_the_simulation_for_a_shell_and_for_a_dotenv_file() -> None:
+    env = clean_env()
+    shell = subprocess.run([sys.executable, "-m", "npu_compat.testing", "env", "--devices", "4"], env=env,
+                           capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    dotenv = subprocess.run([sys.executable, "-m", "npu_compat.testing", "env", "--devices", "4", "--dotenv"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    pairs = dict(line.split("=", 1) for line in dotenv.splitlines())
+    assert pairs["NPU_COMPAT_SIMULATE"] == "1" and pairs["ASCEND_RT_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert pairs["PYTHONPATH"].split(os.pathsep)[: len(SIM_PATH)] == SIM_PATH
+    assert shell.splitlines() == [f"export {k}={shlex.quote(v)}" for k, v in pairs.items()]
+
+
+def test_the_cluster_command_refuses_a_shape_without_nodes() -> None:
+    proc = subprocess.run([sys.executable, "-m", "npu_compat.testing", "cluster", "--nodes", "0"],
+                          env=clean_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "at least one node" in proc.stderr
+
+
+def test_ray_status_is_read_for_the_nodes_it_lists_as_active() -> None:
+    status = (
+        "Node status\n----\nActive:\n 1 node_760453789d60f46fa9403681c30908fa2f96bdbcec00d434eb6cce99\n"
+        " 1 node_95739529a95af38ca4980a05348f74848692571858996957c795823d\nPending:\n (no pending nodes)\n"
+    )
+    assert _active_nodes(status) == 2
+    assert _active_nodes(status.replace(" 1 node_9573", " x")) == 1

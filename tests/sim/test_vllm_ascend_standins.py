@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from npu_compat.testing import SIM_SITE
-from tests.conftest import REPO, free_port, last_json, run_py
+from npu_compat.testing import simulation_env
+from tests.conftest import REPO, SIM_PATH, free_port, last_json, run_py
 from tests.sim.npu_backend import child_env, sim_env, sim_json
 
 try:
@@ -306,7 +307,7 @@ plugins = [ep.value for group in ("vllm.platform_plugins", "vllm.general_plugins
 out = {
     "version": vllm_ascend.__version__, "simulated": vllm_ascend.SIMULATED, "register": vllm_ascend.register(),
     "plugins": [p for p in plugins if p.startswith("vllm_ascend")],
-    "dist": [d.metadata["Name"] for d in md.distributions() if (d.metadata["Name"] or "").lower().replace("_", "-") == "vllm-ascend"],
+    "dist": [d.version for d in md.distributions() if (d.metadata["Name"] or "").lower().replace("_", "-") == "vllm-ascend"],
     "platform": {a: getattr(NPUPlatform, a) for a in ("device_name", "device_type", "ray_device_key",
                  "device_control_env_var", "dispatch_key", "ray_noset_device_env_vars")},
     "oot": NPUPlatform._enum == PlatformEnum.OOT and issubclass(NPUPlatform, Platform),
@@ -338,12 +339,20 @@ print(json.dumps(out))
 """
 
 
-def test_stand_ins_import_under_the_simulation_and_register_no_plugin() -> None:
+#: The entry points of the real vllm-ascend wheels (0.18.0 and 0.23.0.post1 declare these; 0.23.0.post1
+#: adds register_model), by value.
+WHEEL_PLUGINS = sorted(
+    ["vllm_ascend:register", "vllm_ascend:register_connector", "vllm_ascend:register_model_loader",
+     "vllm_ascend:register_service_profiling", *(["vllm_ascend:register_model"] if V023 else [])]
+)  # fmt: skip
+
+
+def test_stand_ins_import_under_the_simulation_installed_as_the_real_wheel() -> None:
     out = sim_json(IMPORTS, timeout=180)
     assert out["version"] == FLAVOUR and out["simulated"] is True
     assert out["register"] == "vllm_ascend.platform.NPUPlatform"
-    # No entry point, no dist-info: vLLM's platform detection is left alone.
-    assert out["plugins"] == [] and out["dist"] == []
+    # Installed as far as importlib.metadata can tell: one vllm-ascend of the flavour, the wheel's plugins
+    assert sorted(out["plugins"]) == WHEEL_PLUGINS and out["dist"] == [FLAVOUR]
     assert out["oot"] is True
     assert out["platform"] == {
         "device_name": "npu",
@@ -427,12 +436,18 @@ print(json.dumps(out))
 """
 
 
+def test_without_the_vllm_platform_the_stand_in_is_importable_but_not_installed() -> None:
+    """``simulation_env(vllm_platform=False)``: vLLM on the simulated host as on a host without vllm-ascend."""
+    env = simulation_env(2, {}, vllm_platform=False)
+    out = last_json(run_py(IMPORTS, env=env, pythonpath=[*env["PYTHONPATH"].split(os.pathsep)], timeout=180))
+    assert out["version"] == FLAVOUR and out["plugins"] == [] and out["dist"] == []
+
+
 def test_npu_worker_does_the_bookkeeping_and_builds_the_model_runner() -> None:
     """Generation itself (load_model, execute_model, sleep): ``tests/sim/test_npu_model_runner.py``."""
-    # vLLM's platform is the stand-in's, as the real wheel's plugin makes it (set_random_seed calls it)
-    platform_site = str(REPO / "tests" / "e2e" / "_platform_site")
+    # vLLM's platform is the stand-in's, as the simulated vllm-ascend's plugin makes it (set_random_seed calls it)
     code = WORKER.replace("@PORT@", str(free_port()))
-    out: Any = last_json(run_py(code, env=sim_env(), pythonpath=[str(SIM_SITE), platform_site], timeout=180))
+    out: Any = last_json(run_py(code, env=sim_env(), pythonpath=SIM_PATH, timeout=180))
     assert out["rank"] == [1, 1] and out["device"] is None
     assert out["cache_dtype"] == "torch.uint8"  # vLLM's STR_DTYPE_TO_TORCH_DTYPE["fp8"]
     # before init_device there is no model runner to load with
@@ -605,6 +620,7 @@ TRAINER = (
     WEIGHTS
     + """
 import json
+import os
 from vllm_ascend.distributed.weight_transfer.hccl_engine import HCCLTrainerSendWeightsArgs, HCCLWeightTransferEngine
 
 weights = make_weights()

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
@@ -221,6 +222,22 @@ void drain_autograd_workers() {
   }
 }
 
+// How many per-device ready queues (one worker thread each) torch's autograd engine made.  The
+// engine sizes them once, at the first backward of the process, from the device count of every
+// backend registered by then: a backward on CPU before the simulation was entered leaves none for
+// npu, and a backward on npu:N then fails torch's INTERNAL ASSERT on device_ready_queues_.size().
+// Read only (torch keeps the vector unchanged after that first backward), through the member
+// pointer a subclass may name; 0 also before the first backward.
+struct EngineQueues : torch::autograd::Engine {
+  static size_t count(torch::autograd::Engine& engine) {
+    return (engine.*(&EngineQueues::device_ready_queues_)).size();
+  }
+};
+
+int autograd_device_queues() {
+  return static_cast<int>(EngineQueues::count(torch::autograd::Engine::get_default_engine()));
+}
+
 }  // namespace
 }  // namespace npu_sim
 
@@ -248,6 +265,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fallback_counts", &fallback_counts);
   m.def("drain_autograd_workers", &drain_autograd_workers,
         "Let each npu device's autograd worker drop its last graph task (at exit, before finalization).");
+  m.def("autograd_device_queues", &autograd_device_queues,
+        "How many per-device worker queues torch's autograd engine made (0 before its first backward).");
   m.def("hccl_backend", [](const c10::intrusive_ptr<c10d::Backend>& gloo) -> c10::intrusive_ptr<c10d::Backend> {
     return c10::make_intrusive<HostAliasBackend>(gloo);
   });

@@ -6,12 +6,13 @@ Mirrors ``vllm_ascend/__init__.py`` of vllm-ascend 0.23.0.post1 when the install
 0.23 or newer, else of vllm-ascend 0.18.0 (see ``vllm_ascend._version``).  It exists only
 on a simulated Ascend host (``NPU_COMPAT_SIMULATE=1``, ``_sim_site`` on ``sys.path``).
 
-Deliberately NOT a vLLM platform plugin: the real wheel declares entry points
+A vLLM plugin, as the real package: the simulated host has vllm-ascend's distribution of the
+flavour in use (``npu_compat.testing._sites``) with the real wheel's entry points,
 ``vllm.platform_plugins: ascend = vllm_ascend:register`` and ``vllm.general_plugins``
 (``register_connector``, ``register_model_loader``, ``register_service_profiling``, and in
-0.23.0.post1 ``register_model``); this stand-in ships no dist-info and no entry points, so
-the simulation never changes vLLM's platform detection nor runs these functions on its own.
-Call them explicitly.  :func:`register` returns the platform's class path like the real one.
+0.23.0.post1 ``register_model``), so vLLM builds on the NPU platform and runs these functions in
+each of its processes.  ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM=0`` leaves the distribution out.
+:func:`register` returns the platform's class path like the real one.
 
 The general-plugin functions are no-ops where the real ones register KV connectors, model
 loaders, profiling configs and models, or apply vllm-ascend's global patches to vLLM

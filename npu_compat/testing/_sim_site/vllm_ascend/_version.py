@@ -3,33 +3,24 @@
 Mirrors ``vllm_ascend/_version.py`` of vllm-ascend 0.23.0.post1 and 0.18.0.  Which of the
 two releases the stand-ins play is decided here, once, from the installed vLLM (read from
 its metadata, without importing it): vLLM >= 0.23 pairs with vllm-ascend 0.23.0.post1,
-anything older with 0.18.0 (the release that pairs with vLLM 0.18.0).
+anything older with 0.18.0 (the release that pairs with vLLM 0.18.0) -- by
+``npu_compat.testing._sites``, which also puts that release's distribution on a simulated host.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
+from npu_compat.testing._sites import VLLM_ASCEND_FROM_0_23, installed_vllm, pairs_with_vllm_0_23
 
-
-def _vllm_version() -> str:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        # The real package cannot be imported without vLLM either (vllm_ascend.logger imports it).
-        raise ModuleNotFoundError(
-            "simulated vllm_ascend needs vLLM installed: No module named 'vllm'", name="vllm"
-        ) from None
-
-
-def _release(version: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
+_vllm = installed_vllm()
+if _vllm is None:
+    # The real package cannot be imported without vLLM either (vllm_ascend.logger imports it).
+    raise ModuleNotFoundError(
+        "simulated vllm_ascend needs vLLM installed: No module named 'vllm'", name="vllm"
+    )
 
 #: The installed vLLM's version, and whether the stand-ins play the 0.23.0.post1 release.
-VLLM_VERSION = _vllm_version()
-PAIRS_WITH_VLLM_0_23 = _release(VLLM_VERSION) >= (0, 23)
+VLLM_VERSION: str = _vllm
+PAIRS_WITH_VLLM_0_23 = pairs_with_vllm_0_23(VLLM_VERSION)
 
 __version__: str
 __version_tuple__: tuple[int | str, ...]
@@ -37,7 +28,7 @@ version: str
 version_tuple: tuple[int | str, ...]
 
 if PAIRS_WITH_VLLM_0_23:
-    __version__ = version = "0.23.0.post1"
+    __version__ = version = VLLM_ASCEND_FROM_0_23
     __version_tuple__ = version_tuple = (0, 23, 0, "post1")
 else:
     __version__ = version = "0.18.0"

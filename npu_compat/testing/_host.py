@@ -1,0 +1,116 @@
+"""A process made a simulated Ascend host: its environment, its path, and entering one at any time.
+
+:func:`simulation_env` is the environment of a simulated host (for children, ``ray start`` or a
+Ray ``runtime_env``); :func:`enable` and :func:`simulated_ascend` make this process one.  A
+simulated host has the stand-ins "installed" (:mod:`._sites`: ``torch_npu`` and vllm-ascend, as
+``importlib.metadata`` sees them), ``ASCEND_RT_VISIBLE_DEVICES`` and ``ASCEND_TOOLKIT_HOME`` set,
+and -- once torch is imported -- the ``npu`` device and the ``hccl`` backend.
+
+A process may enter the simulation at any time.  If torch was imported before, the torch side is
+installed at once; if a backward already ran then, torch's autograd engine has no worker for
+``npu`` and backward runs on its calling thread instead (``_torch_sim.cover_early_autograd``).
+What cannot be done is refused at entry, saying why: torch's ``npu`` device, once registered, keeps
+its number of devices for the life of the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
+
+from .. import _env
+from ._sites import SIM_SITE, all_sites, sites
+
+TOOLKIT_HOME = SIM_SITE / "Ascend"
+
+
+def is_simulated(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``NPU_COMPAT_SIMULATE`` is on in ``environ`` (default: this process)."""
+    return _env.is_true((os.environ if environ is None else environ).get(_env.SIMULATE))
+
+
+def simulation_env(
+    devices: int = 2, environ: Mapping[str, str] | None = None, *, vllm_platform: bool | None = None
+) -> dict[str, str]:
+    """The environment variables that make a process, and its children, a simulated Ascend host.
+
+    Returns a copy of ``environ`` (default: ``os.environ``) with the simulation switched on: ``devices``
+    NPUs (unless ``ASCEND_RT_VISIBLE_DEVICES`` already names some), the stand-ins' directories first on
+    ``PYTHONPATH``.  ``vllm_platform=False`` leaves vllm-ascend's distribution out (vLLM then finds no
+    platform plugin, as on a host without vllm-ascend); None keeps ``environ``'s setting (default on).
+    Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
+    """
+    env = dict(os.environ if environ is None else environ)
+    env[_env.SIMULATE] = "1"
+    env[_env.SIMULATE_DEVICES] = str(devices)
+    if vllm_platform is not None:
+        env[_env.SIMULATE_VLLM_PLATFORM] = "1" if vllm_platform else "0"
+    env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
+    env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
+    ours = all_sites()
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
+    env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in sites(env)), *paths])
+    return env
+
+
+def put_sites_first(environ: Mapping[str, str]) -> None:
+    """The simulated host's directories first on this process's ``sys.path`` (a fresh choice)."""
+    ours = all_sites()
+    sys.path[:] = [*(str(p) for p in sites(environ)), *(p for p in sys.path if p not in ours)]
+    importlib.invalidate_caches()  # the import system's and importlib.metadata's
+
+
+def _refuse_other_device_count(env: Mapping[str, str]) -> None:
+    torch_sim = sys.modules.get("npu_compat.testing._torch_sim")
+    native = getattr(torch_sim, "NATIVE", None)
+    if native is None:
+        return
+    visible = env.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
+    wanted = len([d for d in visible.split(",") if d.strip()]) if visible else int(env[_env.SIMULATE_DEVICES])
+    if native.device_count() != wanted:
+        raise RuntimeError(
+            f"this process's torch already has {native.device_count()} simulated NPUs, and torch cannot "
+            f"change the number of a device's devices once it is registered: asked for {wanted}.  "
+            f"Enter the simulation with the same number here, or run the code that needs {wanted} NPUs "
+            f"in a child process with simulation_env({wanted})"
+        )
+
+
+def enable(devices: int = 2) -> None:
+    """Switch the simulation on in this process (and in children that inherit ``os.environ``).
+
+    Works at any time: before ``import torch`` (which then loads the stand-in torch_npu, as a real
+    one) or after it, also after a backward on CPU.  Raises :class:`RuntimeError`, changing
+    nothing, when this process's torch already has a different number of simulated NPUs.
+    """
+    env = simulation_env(devices)
+    _refuse_other_device_count(env)
+    os.environ.update(env)
+    put_sites_first(os.environ)
+    if "torch" in sys.modules:
+        importlib.import_module("torch_npu")  # torch already ran its backend autoload: do it now
+        from . import _torch_sim
+
+        _torch_sim.cover_early_autograd()
+
+
+@contextlib.contextmanager
+def simulated_ascend(devices: int = 2) -> Iterator[None]:
+    """Make this process a simulated Ascend host for the duration of the ``with`` block.
+
+    The environment and ``sys.path`` are restored afterwards; torch's ``npu`` device and
+    the ``hccl`` backend, once registered, stay (torch cannot unregister them).
+    """
+    saved_env = dict(os.environ)
+    saved_path = list(sys.path)
+    try:
+        enable(devices)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        importlib.invalidate_caches()

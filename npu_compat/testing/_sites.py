@@ -1,0 +1,76 @@
+"""Where the simulated Ascend host's "installed" packages live, and which of them a process gets.
+
+A simulated process has two directories first on ``sys.path`` (and its children on ``PYTHONPATH``):
+
+* :data:`SIM_SITE` (``_sim_site``): the stand-ins' import packages (``torch_npu``, ``vllm_ascend``)
+  and torch_npu's distribution, whose ``torch.backends`` entry point makes ``import torch`` load it,
+  as the real wheel's does;
+* the vllm-ascend distribution (``_sim_dists/vllm-ascend-<version>``) of the release that the
+  installed vLLM pairs with -- 0.23.0.post1 from vLLM 0.23 on, 0.18.0 before -- declaring the real
+  wheel's entry points: ``vllm.platform_plugins: ascend`` (so vLLM's platform detection finds the
+  NPU platform, as on a real Ascend host) and its ``vllm.general_plugins`` (which vLLM runs in every
+  one of its processes).  Without vLLM there is none: the real vllm-ascend cannot be imported
+  without it either.
+
+``importlib.metadata`` then sees ``torch_npu`` and ``vllm-ascend`` installed, each with its version.
+``NPU_COMPAT_SIMULATE_VLLM_PLATFORM=0`` (``simulation_env(vllm_platform=False)``) leaves the
+vllm-ascend distribution out: the stand-in stays importable, but vLLM finds no platform plugin --
+vLLM on the simulated host as on a host without vllm-ascend installed.
+
+Decided from installed metadata and the environment only; nothing here imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import _env
+
+#: The stand-ins' import packages and torch_npu's distribution.
+SIM_SITE = Path(__file__).resolve().with_name("_sim_site")
+#: One directory per vllm-ascend release played, each holding that release's distribution only.
+SIM_DISTS = Path(__file__).resolve().with_name("_sim_dists")
+
+#: The vllm-ascend release the stand-ins play with a vLLM older than 0.23, and from 0.23 on.
+VLLM_ASCEND_BEFORE_0_23 = "0.18.0"
+VLLM_ASCEND_FROM_0_23 = "0.23.0.post1"
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (from its metadata), or None when vLLM is not installed."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pairs_with_vllm_0_23(vllm_version: str) -> bool:
+    match = re.match(r"(\d+)\.(\d+)", vllm_version)
+    return (int(match.group(1)), int(match.group(2))) >= (0, 23) if match else False
+
+
+def vllm_ascend_release(vllm_version: str) -> str:
+    """The vllm-ascend release that pairs with ``vllm_version`` (the one the stand-ins play)."""
+    return VLLM_ASCEND_FROM_0_23 if pairs_with_vllm_0_23(vllm_version) else VLLM_ASCEND_BEFORE_0_23
+
+
+def vllm_platform_on(environ: Mapping[str, str]) -> bool:
+    """False when ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM`` is ``0`` in ``environ``."""
+    return environ.get(_env.SIMULATE_VLLM_PLATFORM, "1").strip() != "0"
+
+
+def sites(environ: Mapping[str, str]) -> list[Path]:
+    """The directories a simulated process puts first on its path, in order."""
+    out = [SIM_SITE]
+    vllm = installed_vllm() if vllm_platform_on(environ) else None
+    if vllm is not None:
+        out.append(SIM_DISTS / f"vllm-ascend-{vllm_ascend_release(vllm)}")
+    return out
+
+
+def all_sites() -> set[str]:
+    """Every directory :func:`sites` can return, as strings: what a fresh choice replaces."""
+    return {str(SIM_SITE), *(str(p) for p in SIM_DISTS.iterdir() if p.is_dir())}
