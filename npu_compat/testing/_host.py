@@ -92,9 +92,9 @@ def enable(devices: int = 2) -> None:
     put_sites_first(os.environ)
     if "torch" in sys.modules:
         importlib.import_module("torch_npu")  # torch already ran its backend autoload: do it now
-        from . import _torch_sim
+        from ._torch_sim import cover_early_autograd
 
-        _torch_sim.cover_early_autograd()
+        cover_early_autograd()
 
 
 @contextlib.contextmanager

@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
-from . import _npu_backend
 from ._boundary import SimulatedComputeBoundary, needs_npu
+from ._npu_backend import failure as backend_failure
+from ._npu_backend import load as load_backend
 
 __all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "counted", "install", "npu"]
 
@@ -374,7 +375,7 @@ def _build_module() -> types.ModuleType:
 
     def _generator(device: Any = None) -> torch.Generator:
         if NATIVE is None:
-            raise needs_npu("torch.npu random number generators", _npu_backend.failure() or "")
+            raise needs_npu("torch.npu random number generators", backend_failure() or "")
         generator: torch.Generator = NATIVE.default_generator(_index(device))
         return generator
 
@@ -614,7 +615,7 @@ def install() -> None:
         return
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
-    NATIVE = _npu_backend.load()
+    NATIVE = load_backend()
     if NATIVE is not None:
         NATIVE.set_device_count(device_count_from_env())
         NATIVE.set_capacity(memory_capacity_from_env())
@@ -628,7 +629,7 @@ def install() -> None:
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():
             setattr(torch._C, name, binding)
-        _npu_tensors_are_the_boundary(_npu_backend.failure() or "the npu backend is not loaded")
+        _npu_tensors_are_the_boundary(backend_failure() or "the npu backend is not loaded")
     with contextlib.suppress(RuntimeError):  # methods already generated
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=NATIVE is not None)
     import torch.distributed as dist
