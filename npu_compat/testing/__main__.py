@@ -96,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _cluster(args) if args.command == "cluster" else _env_command(args)
+    except FileNotFoundError as exc:  # no `ray` executable: Ray is not installed here
+        print(
+            f"npu_compat.testing: {exc.filename or exc}: not found; the cluster needs Ray installed",
+            file=sys.stderr,
+        )
+        return 2
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"npu_compat.testing: {exc}", file=sys.stderr)
         return 2

@@ -199,9 +199,10 @@ def npu_ray_cluster(
         "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]  # fmt: skip
     head_args = ["--head", f"--port={port}", "--include-dashboard=false", *node_args]
-    procs = [_ray_start(head_args, cluster_env, log, command_prefix)]
+    procs: list[subprocess.Popen[bytes]] = []
     logs = [log]
     try:
+        procs.append(_ray_start(head_args, cluster_env, log, command_prefix))
         deadline = time.monotonic() + start_timeout
         _wait_for_port(port, deadline, procs[0], log)
         for index in range(1, nodes):
