@@ -51,5 +51,7 @@ def start(via: str) -> str:
 
 def _simulate() -> None:
     from .testing._host import put_sites_first
+    from .testing._sites import all_sites
 
-    put_sites_first(os.environ)
+    if all_sites().isdisjoint(sys.path):  # PYTHONPATH was reset; else simulation_env chose them already
+        put_sites_first(os.environ)

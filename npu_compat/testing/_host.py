@@ -64,12 +64,11 @@ def put_sites_first(environ: Mapping[str, str]) -> None:
 
 
 def _refuse_other_device_count(env: Mapping[str, str]) -> None:
-    torch_sim = sys.modules.get("npu_compat.testing._torch_sim")
+    torch_sim = sys.modules.get("npu_compat.testing._torch_sim")  # loaded with torch's npu device, not here
     native = getattr(torch_sim, "NATIVE", None)
     if native is None:
         return
-    visible = env.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
-    wanted = len([d for d in visible.split(",") if d.strip()]) if visible else int(env[_env.SIMULATE_DEVICES])
+    wanted = torch_sim.device_count_from_env(env)  # type: ignore[union-attr]
     if native.device_count() != wanted:
         raise RuntimeError(
             f"this process's torch already has {native.device_count()} simulated NPUs, and torch cannot "

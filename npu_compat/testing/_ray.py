@@ -95,10 +95,22 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_port(port: int, deadline: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    while time.monotonic() < deadline:
+def _ray_executable() -> str:
+    """The ``ray`` beside this interpreter (a venv's), else the one on ``PATH``."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else "ray"
+
+
+def _check_running(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    """Raise, with the end of its log, if one of the ``ray start`` processes has exited."""
+    for proc, log in zip(procs, logs, strict=True):
         if proc.poll() is not None:
             raise RuntimeError(f"ray start exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+
+
+def _wait_for_port(port: int, deadline: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    while time.monotonic() < deadline:
+        _check_running([proc], [log])
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             return
         time.sleep(0.2)
@@ -109,8 +121,7 @@ def _ray_start(
     argv_tail: list[str], env: Mapping[str, str], log: Path, prefix: list[str] | None
 ) -> subprocess.Popen[bytes]:
     """``ray start ... --block`` in its own process group, its output to ``log``."""
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    argv = [*(prefix or []), ray_bin if os.path.exists(ray_bin) else "ray", "start", "--block", *argv_tail]
+    argv = [*(prefix or []), _ray_executable(), "start", "--block", *argv_tail]
     with log.open("wb") as out:
         return subprocess.Popen(
             argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -140,13 +151,10 @@ def _wait_for_nodes(
     logs: list[Path],
 ) -> None:  # fmt: skip
     """Until ``ray status`` (the autoscaler's view, which placement groups see too) lists ``nodes``."""
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    argv = [ray_bin if os.path.exists(ray_bin) else "ray", "status", "--address", address]
+    argv = [_ray_executable(), "status", "--address", address]
     last = ""
     while time.monotonic() < deadline:
-        for proc, log in zip(procs, logs, strict=True):
-            if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        _check_running(procs, logs)
         with contextlib.suppress(subprocess.TimeoutExpired):
             out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=60, check=False)
             last = out.stdout + out.stderr

@@ -30,7 +30,7 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -97,11 +97,13 @@ def call_count(name: str) -> int:
     return _COUNTS[name]
 
 
-def device_count_from_env() -> int:
-    visible = os.environ.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
+def device_count_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The simulated NPUs a process with ``environ`` (default: this one's) sees."""
+    env = os.environ if environ is None else environ
+    visible = env.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
     if visible:
         return len([d for d in visible.split(",") if d.strip()])
-    return int(os.environ.get(_env.SIMULATE_DEVICES, "2"))
+    return int(env.get(_env.SIMULATE_DEVICES, "2"))
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": _GIB, "gib": _GIB}
