@@ -206,6 +206,17 @@ def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode
     return path
 
 
+def _edited(config: Path, edit: Callable[[str], str], workdir: Path, name: str) -> Path:
+    """A copy of ``config`` changed by ``edit`` (which must change it), written as ``<stem>.<name>.yaml``."""
+    text = config.read_text()
+    changed = edit(text)
+    if changed == text:
+        raise ValueError(f"the config edit {name!r} changed nothing in {config.name}")
+    path = workdir / f"{config.stem}.{name}.yaml"
+    path.write_text(changed)
+    return path
+
+
 #: ``cluster="split"``: the run as two commands on one cluster, sharing its checkpoint directory --
 #: Trinity's mode ``explore`` and mode ``train``, whose only weight sync is ``checkpoint``.
 SPLIT = ("explore", "train")
@@ -236,6 +247,9 @@ def run(
     stuck_after: float | None = None,
     settle_after: tuple[str, float] | None = None,
     model: Path | None = None,
+    npus: int = 2,
+    edit: Callable[[str], str] | None = None,
+    name: str = "",
 ) -> dict[str, object]:
     """Run the scenario once; return its summary (see the module docstring).
 
@@ -246,6 +260,8 @@ def run(
     ``settle_after=(stage, seconds)``: the same, that many seconds after ``stage`` first appeared with no
     stage after it (a run known to hang there is not kept waiting for the whole bound).
     ``model``: the tiny model directory an earlier run made (:func:`make_model`); ``None`` makes one in ``out``.
+    ``npus``: the cluster's ``{"NPU": npus}`` (one node).  ``edit``: a change of the bundled config's text for
+    another shape of run (``name`` names that config's file), applied after ``cluster``'s and ``sync_method``'s.
     """
     say = progress or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,15 +278,17 @@ def run(
         configs = {m: _config(workdir, cluster, sync_method, m) for m in SPLIT}
     else:
         configs = {"both": _config(workdir, cluster, sync_method)}
+    if edit is not None:
+        configs = {m: _edited(c, edit, workdir, name or "edited") for m, c in configs.items()}
     summary: dict[str, object] = {"mode": mode, "cluster": cluster, "sync_method": sync_method}
     what = "`python -m npu_compat trinity run`" if prefix else "stock `trinity run`"
     names = " and ".join(f"--config {c.name}" for c in configs.values())
     modes = " + ".join("explore" if cluster == "explore" else m for m in configs)
     what += f" {names} (mode {modes}, bound {timeout:.0f} s)"
     how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
-    say(f"starting the simulated NPU-only Ray cluster ({{'NPU': 2}}, no GPU; {how})")
+    say(f"starting the simulated NPU-only Ray cluster ({{'NPU': {npus}}}, no GPU; {how})")
     with npu_ray_cluster(
-        npus_per_node=2, cpus_per_node=4, env=env, command_prefix=prefix, start_timeout=180
+        npus_per_node=npus, cpus_per_node=max(4, 2 * npus), env=env, command_prefix=prefix, start_timeout=180
     ) as ray_cluster:
         driver_env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
         say(f"running {what}")

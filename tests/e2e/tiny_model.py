@@ -46,8 +46,13 @@ def make_tokenizer(directory: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def make_tiny_model(directory: Path | str) -> Path:
-    """Write a 1-layer Qwen2 (hidden size 32) with random weights and its tokenizer to ``directory``."""
+def make_tiny_model(
+    directory: Path | str, *, heads: int = 2, kv_heads: int = 1, initializer_range: float = 0.02
+) -> Path:
+    """Write a 1-layer Qwen2 (hidden size 32) with random weights and its tokenizer to ``directory``.
+
+    ``heads``/``kv_heads``: its attention heads; ``initializer_range``: the spread of its random weights
+    (with the default, greedy decoding mostly repeats a token; 0.5 gives varied answers)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -62,8 +67,9 @@ def make_tiny_model(directory: Path | str) -> Path:
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        initializer_range=initializer_range,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,

@@ -42,10 +42,17 @@ What it does:
   (the next weight update brings them, as with vLLM's sleep mode); ``wake_up`` re-allocates
   (and for level 1 restores) the weights and/or the KV cache by tag.
 
+* Tensor parallelism: with ``tensor_parallel_size`` T > 1, each rank's worker loads the whole
+  model and keeps its shard (``npu_compat.testing._tensor_parallel``: vLLM's column/row/vocab
+  partitioning of the Llama family, each parameter with a ``weight_loader`` that takes its slice of
+  a full tensor), and a forward pass sums and gathers over vLLM's TP group on the simulated
+  ``hccl``.  Every rank samples from the same gathered logits.
+
 Not simulated: vLLM's model classes, attention backends and paged KV cache (the cache is
 allocated but unused; every step recomputes the whole sequence, fine for tiny models, slow for
-large ones); tensor, pipeline, data and context parallelism (one rank only); CUDA/ACL graph
-capture and ``torch.compile`` (``enforce_eager=True`` only); speculative decoding, LoRA,
+large ones); pipeline, data and context parallelism; CUDA/ACL graph capture and
+``torch.compile`` (the model runs eager whatever ``enforce_eager`` says, and the worker says so in
+one log line); speculative decoding, LoRA,
 multimodal inputs, prompt embeddings, pooling models, structured output (grammar bitmasks),
 ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words`` and custom logits processors,
 KV connectors, quantisation.  Each of these raises ``SimulatedComputeBoundary`` naming it.
@@ -75,6 +82,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
 from npu_compat.testing._boundary import host_device, needs_npu
+from npu_compat.testing._tensor_parallel import shard_model
 
 
 def placement_device(device: torch.device) -> torch.device:
@@ -228,8 +236,11 @@ class NPUModelRunner:
     @staticmethod
     def _refuse_unsimulated(vllm_config: VllmConfig) -> None:
         parallel = vllm_config.parallel_config
-        if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
-            raise needs_npu("NPUModelRunner (tensor/pipeline parallel)", "the simulated runner runs one rank")
+        if parallel.pipeline_parallel_size > 1:
+            raise needs_npu("NPUModelRunner (pipeline parallel)", "the simulated runner runs tensor parallel only")
+        for name in ("data_parallel_size", "prefill_context_parallel_size", "decode_context_parallel_size"):
+            if getattr(parallel, name, 1) > 1:
+                raise needs_npu(f"NPUModelRunner ({name} > 1)", "the simulated runner runs tensor parallel only")
         if vllm_config.speculative_config is not None:
             raise needs_npu("NPUModelRunner (speculative decoding)", "not simulated")
         if vllm_config.lora_config is not None:
@@ -250,18 +261,25 @@ class NPUModelRunner:
             trust_remote_code=self.model_config.trust_remote_code,
             dtype=self.dtype,
         )
-        model = _with_vllm_methods(model).to(self.placement).eval()
+        model = _with_vllm_methods(model)
+        tp_size = self.parallel_config.tensor_parallel_size
+        if tp_size > 1:
+            from vllm.distributed import get_tp_group
+
+            shard_model(model, get_tp_group().rank_in_group, tp_size)
+        model = model.to(self.placement).eval()
         model.requires_grad_(False)
         with torch.device(self.placement):
             record_metadata_for_reloading(model)
         self.model = model
         self.model_memory_usage = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         logger.info(
-            "Model loading took %.4f GiB and %.2f s (simulated Ascend: transformers %s on %s)",
+            "Model loading took %.4f GiB and %.2f s (simulated Ascend: transformers %s on %s%s)",
             self.model_memory_usage / (1 << 30),
             time.perf_counter() - started,
             type(model).__name__,
             self.placement,
+            "" if tp_size == 1 else f", tensor parallel rank {model.tensor_parallel[0]} of {tp_size}",
         )
 
     def get_model(self) -> nn.Module:
@@ -308,6 +326,8 @@ class NPUModelRunner:
         num_heads = config.num_attention_heads
         head_size = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        # this rank's KV heads: split over the TP ranks, or one replicated head (vLLM's QKVParallelLinear)
+        num_kv_heads = max(1, num_kv_heads // self.parallel_config.tensor_parallel_size)
         block_size = self.cache_config.block_size or 128  # vllm-ascend's default block size
         spec = FullAttentionSpec(
             block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=self.kv_cache_dtype
@@ -348,7 +368,8 @@ class NPUModelRunner:
             self.model(input_ids=ids)
 
     def capture_model(self) -> int:
-        raise needs_npu("NPUModelRunner.capture_model", "ACL graph capture; run with enforce_eager=True")
+        """No ACL graphs are captured: 0 bytes (the model runs eager, see ``compile_or_warm_up_model``)."""
+        return 0
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:

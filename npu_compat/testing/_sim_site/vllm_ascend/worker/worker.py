@@ -28,7 +28,8 @@ weight-transfer engine through vLLM's ``WeightTransferEngineFactory``, and
 model-parallel groups on the ``hccl`` backend (Gloo underneath) as the real one does, then
 builds the stand-in ``NPUModelRunner`` (``model_runner_v1``), which generates for real: from
 there ``load_model``, ``get_kv_cache_spec``, ``determine_available_memory`` (on ``torch.npu``'s
-memory statistics), ``initialize_from_config``, ``compile_or_warm_up_model`` (eager warm-up),
+memory statistics), ``initialize_from_config``, ``compile_or_warm_up_model`` (an eager warm-up
+whatever ``enforce_eager`` says: ACL graph capture is not simulated, and one log line says so),
 ``execute_model`` / ``sample_tokens``, ``execute_dummy_batch``, ``profile_prefill_latency``,
 the weight updates (both formats, vLLM's layerwise reload for the checkpoint format) and
 ``sleep`` / ``wake_up`` (levels 1 and 2, the runner freeing and restoring its tensors instead of
@@ -36,10 +37,10 @@ vllm-ascend's CaMemAllocator) run on the CPU, or on ``npu`` tensors once they ca
 What the runner does not simulate is listed in its module.
 
 Where it stops (``SimulatedComputeBoundary``, "simulated Ascend: <method> needs a real NPU"):
-``load_model`` before ``init_device`` (no model runner), ``compile_or_warm_up_model`` without
-``enforce_eager`` (ACL graph capture, ``torch.compile``), ``_warm_up_atb`` (an ATB matmul), the
+``load_model`` before ``init_device`` (no model runner), ``_warm_up_atb`` (an ATB matmul), the
 torch_npu profiler, static kernels, and the runner's own boundaries (LoRA, speculative
-decoding, parallelism, ...).
+decoding, pipeline/data/context parallelism, ...).  Tensor parallelism computes: one worker per
+rank, each with its shard (see ``model_runner_v1``).
 Not simulated at all: ``adapt_patch()`` (vllm-ascend's patches to vLLM), custom-op and ATB
 registration, the Ascend config and SoC checks, CPU binding, static-kernel signal handlers.
 """
@@ -130,10 +131,17 @@ def _weight_nz_mode(vllm_config: VllmConfig) -> object:
 
 
 def _warm_up(worker: "NPUWorker") -> None:
-    """``compile_or_warm_up_model``'s eager warm-up runs; graph capture (not eager) is the boundary."""
+    """``compile_or_warm_up_model``'s eager warm-up; without ``enforce_eager`` the model still runs eager.
+
+    The real worker captures ACL graphs (and compiles) for the capture sizes; the simulation has
+    neither, so it says so in one line and runs the model eagerly, as ``enforce_eager=True`` would --
+    what a user's config asks for (Trinity's default ``enforce_eager: false``) runs unchanged.
+    """
     if not worker.model_config.enforce_eager:
-        raise needs_npu(
-            "compile_or_warm_up_model", "ACL graph capture and torch.compile; use enforce_eager=True"
+        logger.info(
+            "simulated Ascend: ACL graph capture and torch.compile are not simulated; "
+            "the model runs eager (enforce_eager=False asked for graphs of sizes %s)",
+            worker.vllm_config.compilation_config.cudagraph_capture_sizes,
         )
     warmup_sizes = (worker.vllm_config.compilation_config.compile_sizes or []).copy()
     for size in sorted((s for s in warmup_sizes if isinstance(s, int)), reverse=True):
