@@ -458,8 +458,9 @@ def test_npu_worker_does_the_bookkeeping_and_builds_the_model_runner() -> None:
         "device": "npu:1", "current": 1, "backend": "hccl", "world": 1, "tp": 1, "set_device_calls": 1,
     }  # fmt: skip
     assert out["runner"] == "NPUModelRunner" and out["tasks"] == ["generate"]
-    # one full-attention layer spec per decoder layer, from the HF config; fp8 cache dtype as uint8
-    spec = ["FullAttentionSpec", 16, 1, 16, "torch.uint8"]
+    # one full-attention layer spec per decoder layer, from the HF config; fp8 cache dtype as uint8;
+    # blocks of 128 tokens, the size vllm-ascend's platform sets (refresh_block_size)
+    spec = ["FullAttentionSpec", 128, 1, 16, "torch.uint8"]
     assert out["kv_cache_spec"] == {f"model.layers.{i}.self_attn.attn": spec for i in range(2)}
     # as the real one: wake_up refuses FRACTAL_NZ weights before touching NPU memory
     fix = "weight_nz_mode=0 via --additional-config" if V023 else "VLLM_ASCEND_ENABLE_NZ=0"

@@ -7,9 +7,11 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <sys/mman.h>
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -135,15 +137,34 @@ void reset_peak(c10::DeviceIndex device) {
 
 namespace {
 
+// Allocations of at least this many bytes are anonymous private mappings with MAP_NORESERVE:
+// the device counts them in full, the host backs only the pages that are written (a read of an
+// untouched page sees the kernel's shared zero page; with transparent huge pages "always", a
+// write may back 2 MiB at once), so a KV cache of 90 % of a 64 GiB device costs the host what
+// is written of it.  Smaller ones come from malloc, which packs them.  1 MiB: far above a page,
+// so the rounding up to whole pages costs at most 0.4 %, and below it lie the many small
+// tensors of a step.  Anonymous mappings start zero-filled, which torch.empty allows (it
+// promises no content).  On a host with strict overcommit (vm.overcommit_memory=2) the kernel
+// ignores MAP_NORESERVE and a mapping larger than the commit limit fails (OutOfMemoryError).
+constexpr size_t kMappedBytes = size_t(1) << 20;
+
 struct Block {
   void* ptr;
   int64_t size;
   c10::DeviceIndex device;
+  bool mapped;  // mmap'd (munmap it) rather than malloc'd (free it)
 };
 
+// The one deleter of the npu allocator's memory: resize_bytes and the fallback's storage swaps
+// (set_data_ptr_noswap) free the old memory through it too.  (adopted_data's memory is a CPU
+// storage's, freed by that storage's own deleter.)
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  std::free(block->ptr);
+  if (block->mapped) {
+    munmap(block->ptr, static_cast<size_t>(block->size));
+  } else {
+    std::free(block->ptr);
+  }
   release(block->device, block->size);
   delete block;
 }
@@ -159,11 +180,21 @@ struct NpuAllocator final : at::Allocator {
     }
     reserve(device, static_cast<int64_t>(nbytes));
     void* ptr = nullptr;
-    if (posix_memalign(&ptr, 64, nbytes) != 0 || ptr == nullptr) {
+    const bool mapped = nbytes >= kMappedBytes;
+    if (mapped) {
+      ptr = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (ptr == MAP_FAILED) {
+        const int error = errno;
+        release(device, static_cast<int64_t>(nbytes));
+        TORCH_CHECK_WITH(
+            OutOfMemoryError, false, "simulated npu: the host cannot map ", human(nbytes), " (mmap: ",
+            std::strerror(error), ")");
+      }
+    } else if (posix_memalign(&ptr, 64, nbytes) != 0 || ptr == nullptr) {
       release(device, static_cast<int64_t>(nbytes));
       TORCH_CHECK_WITH(OutOfMemoryError, false, "simulated npu: the host has no ", human(nbytes), " left");
     }
-    return {ptr, new Block{ptr, static_cast<int64_t>(nbytes), device}, &free_block, where};
+    return {ptr, new Block{ptr, static_cast<int64_t>(nbytes), device, mapped}, &free_block, where};
   }
 
   at::DeleterFnPtr raw_deleter() const override {

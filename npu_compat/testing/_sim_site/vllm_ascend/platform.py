@@ -11,8 +11,9 @@ Of the real class methods four are mirrored: in 0.23.0.post1 ``manual_seed_all``
 too, and what vLLM's ``set_random_seed`` calls in a worker's ``init_device``),
 ``is_sleep_mode_available`` (True, so that vLLM accepts ``enable_sleep_mode``) and ``set_device``
 (``torch.npu.set_device``, what vLLM's multiprocess executor calls in its output thread); and, of
-``check_and_update_config``, the worker selection alone (``worker_cls="auto"`` becomes
-vllm-ascend's ``NPUWorker``; the 310P and Xlite workers are not simulated).  The rest (config
+``check_and_update_config``, the worker selection (``worker_cls="auto"`` becomes vllm-ascend's
+``NPUWorker``; the 310P and Xlite workers are not simulated) and the KV-cache block size of
+``refresh_block_size`` (128 tokens).  The rest (config
 checks and updates, attention backends, device communicator) is not simulated.
 """
 
@@ -27,6 +28,27 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 else:  # as the real module: vllm.config imports the platform while it initialises
     VllmConfig = None
+
+
+def _refresh_block_size(vllm_config) -> None:
+    """``vllm_ascend.utils.refresh_block_size``: Ascend's KV-cache block is 128 tokens.
+
+    128 where none is set, and where prefix caching or chunked prefill is on (hybrid attention+mamba
+    models keep their own sizing).  The real one also caps it for the xlite graph mode (not simulated).
+    """
+    cache_config = vllm_config.cache_config
+    scheduler_config = vllm_config.scheduler_config
+    model_config = vllm_config.model_config
+    if not cache_config:
+        return
+    if cache_config.block_size is None:
+        cache_config.block_size = 128
+    if not scheduler_config or not model_config or model_config.is_hybrid:
+        return
+    if cache_config.block_size != 128 and (
+        cache_config.enable_prefix_caching or scheduler_config.enable_chunked_prefill
+    ):
+        cache_config.block_size = 128
 
 
 class NPUPlatform(Platform):
@@ -47,6 +69,7 @@ class NPUPlatform(Platform):
         parallel_config = vllm_config.parallel_config
         if parallel_config and parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = "vllm_ascend.worker.worker.NPUWorker"
+        _refresh_block_size(vllm_config)
 
     if PAIRS_WITH_VLLM_0_23:
 

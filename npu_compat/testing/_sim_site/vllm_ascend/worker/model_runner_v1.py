@@ -20,8 +20,11 @@ What it does:
 * ``get_kv_cache_spec``: one vLLM ``FullAttentionSpec`` per decoder layer, from the Hugging Face
   config (KV heads, head size, the KV-cache dtype, the cache block size).
 * ``initialize_kv_cache`` allocates the KV-cache tensors the engine's ``KVCacheConfig`` asks
-  for, on the placement device, so that the device's memory statistics count them.  The model
-  never reads them (below).
+  for, on the placement device, so that the device's memory statistics count them -- the whole
+  budget ``NPUWorker.determine_available_memory`` gives (``gpu_memory_utilization`` of the
+  device, less the weights and the profile run's peak), as on a real Ascend.  The simulated
+  device backs large allocations with host pages only where they are touched, and the model
+  never reads or writes the cache (below), so it costs the host next to nothing.
 * ``execute_model`` / ``sample_tokens`` on vLLM's ``SchedulerOutput``: requests are tracked
   across steps from ``scheduled_new_reqs``, ``scheduled_cached_reqs`` (resumed ones included)
   and ``finished_req_ids``, with the tokens each request has sampled kept here (as the GPU
@@ -333,12 +336,6 @@ class NPUModelRunner:
             block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=self.kv_cache_dtype
         )
         return {f"model.layers.{i}.self_attn.attn": spec for i in range(config.num_hidden_layers)}
-
-    def max_kv_cache_bytes(self) -> int:
-        """The KV cache the scheduler can ever fill: ``max_num_seqs`` sequences of ``max_model_len``."""
-        specs = self.get_kv_cache_spec()
-        blocks = -(-self.max_model_len // next(iter(specs.values())).block_size)
-        return sum(spec.page_size_bytes for spec in specs.values()) * blocks * self.max_num_reqs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.kv_cache_config = kv_cache_config

@@ -435,10 +435,10 @@ class NPUWorker(WorkerBase):
         """The real one's budget on the simulated device's numbers (``torch.npu`` memory statistics).
 
         ``gpu_memory_utilization`` of the device's total, less the weights and the peak that a
-        profiling forward pass adds, capped at the KV cache the scheduler can ever fill
-        (``max_num_seqs`` sequences of ``max_model_len``): the simulated runner allocates the
-        cache but does not read it, and a budget of the whole device would only make the
-        engine's block pool huge.
+        profiling forward pass adds, as vllm-ascend computes it.  The runner allocates a KV cache
+        of that size on the device; the simulated device counts it in full but backs only the
+        pages that are touched with host memory (large npu allocations are lazy mappings), so a
+        cache of 90 % of a 64 GiB device costs the host next to nothing.
         """
         if kv_cache_memory_bytes := self.cache_config.kv_cache_memory_bytes:
             self.model_runner.profile_run()
@@ -449,7 +449,6 @@ class NPUWorker(WorkerBase):
         peak_increase = max(0, torch.npu.max_memory_allocated() - before)
         non_kv_cache_memory = self.model_runner.model_memory_usage + peak_increase
         available = int(self.requested_memory - non_kv_cache_memory)
-        available = min(available, self.model_runner.max_kv_cache_bytes())
         self.available_kv_cache_memory_bytes = available
         logger.info("Available KV cache memory: %.4f GiB (simulated Ascend)", available / (1 << 30))
         return available
