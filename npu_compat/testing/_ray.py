@@ -218,8 +218,9 @@ def npu_ray_cluster(
             procs.append(
                 _ray_start([f"--address={address}", *node_args], cluster_env, logs[-1], command_prefix)
             )
-        if nodes > 1:
-            _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
+        # even one node: under load a head's raylet can miss `ray start`'s own 30 s and take the GCS down
+        # with it after the port opened; a cluster is handed over only once `ray status` lists its nodes
+        _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
         per_node = {"NPU": float(npus_per_node), "CPU": float(cpus_per_node)}
         yield RayCluster(
             address,

@@ -8,7 +8,9 @@ Test harness, never part of ``npu_compat``.  ``python -m tests.e2e.scenario {com
 * runs ``trinity run --config examples/e2e/trinity_tiny.yaml`` (through the launcher for ``compat``)
   with a bounded timeout, then copies the driver's output, every Ray process's log and the
   per-process npu-compat reports into ``OUT``, and prints a JSON summary: the stages reached
-  (:data:`STAGES`, found in the logs), the wall time, the exit status and the first error.
+  (:data:`STAGES`, found in the logs), the wall time, the host memory the driver's run added at its
+  peak (``host_memory_peak_gib``: the whole machine's, sampled, over what it used once the cluster
+  was up), the exit status and the first error.
 
 While the driver runs, the logs are read as they grow (:class:`_LogWatch`): ``stage_s`` in the
 summary says when each stage, compute boundary and infeasible Ray request was first seen;
@@ -95,6 +97,7 @@ class _LogWatch:
         self.found: dict[str, float] = {}
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
+        self.memory_base = self.memory_peak = host_memory_used()
 
     def _files(self) -> list[Path]:
         files = []
@@ -107,7 +110,10 @@ class _LogWatch:
         return files
 
     def poll(self) -> list[str]:
-        """The names of the patterns seen for the first time since the last call, in pattern order."""
+        """The names of the patterns seen for the first time since the last call, in pattern order.
+
+        Also samples the host's memory in use (:func:`host_memory_used`) into ``memory_peak``."""
+        self.memory_peak = max(self.memory_peak, host_memory_used())
         new_text = []
         for path in self._files():
             offset = self._offsets.get(path, 0)
@@ -132,6 +138,14 @@ class _LogWatch:
         return fresh
 
 
+def host_memory_used() -> int:
+    """Bytes of this machine's memory in use (``MemTotal - MemAvailable``): the whole machine, not one run."""
+    fields = dict(
+        line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+    )
+    return (int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])) * 1024
+
+
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the driver's process group, SIGKILL it if it has not exited 30 s later."""
     with contextlib.suppress(ProcessLookupError):
@@ -154,6 +168,9 @@ def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO)  # the cluster's simulation_env puts the simulated host's sites first
     env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
     env["PYTHONUNBUFFERED"] = "1"
+    # every process's lines as it wrote them: Ray's driver folds lines alike from several processes into
+    # one ("[repeated 3x across cluster]"), and each rank of each engine logs its own digests
+    env["RAY_DEDUP_LOGS"] = "0"
     env["TRINITY_LOG_DIR"] = str(workdir / "trinity-logs")
     if mode == "compat":
         env["NPU_COMPAT_REPORT_DIR"] = str(workdir / "reports")
@@ -325,6 +342,8 @@ def run(
             (out / "driver.log").write_bytes(b"".join(path.read_bytes() for path in outputs.values()))
         summary["wall_s"] = round(time.monotonic() - started, 1)
         watch.poll()
+        # sampled every POLL_S while the driver ran: what the run added to the machine's memory at its peak
+        summary["host_memory_peak_gib"] = round((watch.memory_peak - watch.memory_base) / (1 << 30), 2)
         summary["stage_s"] = dict(watch.found)
         say("collecting the logs and the per-process reports; stopping the Ray cluster")
         _collect(ray_cluster.temp_dir, out)
@@ -441,6 +460,41 @@ def weight_syncs(out: Path) -> list[dict[str, str]]:
     holds after loading it (``npu_compat.testing._digest``), as the two processes logged them."""
     sent, loaded = _digests(out, "trainer sent"), _digests(out, "rollout loaded")
     return [{"sent": s, "loaded": lo} for s, lo in itertools.zip_longest(sent, loaded, fillvalue="")]
+
+
+_TP_SYNC = re.compile(
+    r"simulated weight sync \(rollout tp rank (\d+)/(\d+) (received|expected|holds)\): (\d+) tensors, sha256 (\w+)"
+)
+
+
+def converted_loads(out: Path) -> list[dict[str, str]]:
+    """Each rollout rank's digests of each weight update where it holds shards or another dtype than was
+    sent, in the order logged: what it ``received`` (the full tensors), what it should hold (``expected``:
+    its slice of them, in its dtype) and what it ``holds`` once loaded; with the process
+    (``pid:rank/size``) and which of that process's updates it was (``update``, from 0)."""
+    loads: dict[tuple[str, int], dict[str, str]] = {}
+    order: list[tuple[str, int]] = []
+    seen: dict[tuple[str, str], int] = {}
+    for line in _driver_log(out).splitlines():
+        match = _TP_SYNC.search(line)
+        if not match:
+            continue
+        rank, size, side, n, digest = match.groups()
+        pid = re.search(r"pid=(\d+)", line)
+        who = f"{pid.group(1) if pid else '?'}:{rank}/{size}"
+        count = seen.get((who, side), 0)
+        seen[(who, side)] = count + 1
+        key = (who, count)
+        if key not in loads:
+            loads[key] = {"rank": rank, "size": size, "process": who, "update": str(count)}
+            order.append(key)
+        loads[key][side] = f"{n} tensors, sha256 {digest}"
+    return [loads[key] for key in order]
+
+
+def trainer_sent(out: Path) -> list[str]:
+    """The digest of what the trainer sent at each weight sync, in order."""
+    return _digests(out, "trainer sent")
 
 
 def rollout_loads(out: Path) -> list[str]:

@@ -131,7 +131,8 @@ def test_each_rank_holds_its_shard(engines: dict[str, Any]) -> None:
         assert rank["model.layers.0.self_attn.q_proj.weight"] == [16, 32]
         assert rank["model.layers.0.self_attn.k_proj.weight"] == [8, 32]
         assert rank["model.layers.0.self_attn.o_proj.weight"] == [32, 16]
-        assert rank["model.layers.0.mlp.down_proj.weight"][1] * 2 == rank["model.layers.0.mlp.up_proj.weight"][0] * 2
+        assert rank["model.layers.0.mlp.up_proj.weight"] == [32, 32]  # 64 of the MLP's rows, halved
+        assert rank["model.layers.0.mlp.down_proj.weight"] == [32, 32]  # and its columns
         assert rank["model.embed_tokens.weight"][0] % 32 == 0
     assert [r["kv_heads"] for r in engines["ranks"]] == [1, 1]
     # after a weight update of full tensors, each rank holds exactly its slice of them

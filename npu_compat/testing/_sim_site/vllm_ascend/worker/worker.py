@@ -98,28 +98,69 @@ _NZ_MESSAGE = (
 )
 
 
-def _noting(received: dict, load_weights):
-    """``load_weights`` that also notes each name and the dtype it arrived in (simulation only)."""
+class _Received:
+    """Simulation only (``_digest``): what one weight update brought, for the digests logged after it.
+
+    ``dtypes``: each name and the dtype it arrived in.  Where the model's parameters are not the full
+    tensors as sent -- shards under tensor parallelism (``model.tensor_parallel``, set by
+    ``_tensor_parallel.shard_model``), or another dtype (bf16 weights loaded from a float32 trainer) --
+    also the digest of the full tensors as received (``full``) and of what this rank's parameters must
+    hold once loaded (``expected``: its slice of each, ``shard_of``, in the parameter's dtype).
+    """
+
+    def __init__(self) -> None:
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.full = WeightsDigest()
+        self.expected = WeightsDigest()
+        self.converted = False
+
+
+def _noting(received: _Received, load_weights, model: nn.Module):
+    """``load_weights`` that also notes what arrived (simulation only, :class:`_Received`)."""
+    from npu_compat.testing._tensor_parallel import shard_of
+
+    sharded = getattr(model, "tensor_parallel", None) is not None
+    dtypes = {n: p.dtype for n, p in model.named_parameters(remove_duplicate=False)}
+    dtypes.update((n, b.dtype) for n, b in model.named_buffers(remove_duplicate=False))
 
     def load(weights):
         weights = list(weights)
         for name, tensor in weights:
-            received[name] = tensor.dtype
+            received.dtypes[name] = tensor.dtype
+            received.full.update(name, tensor)
+            received.expected.update(name, shard_of(model, name, tensor).to(dtypes[name]))
+            received.converted |= sharded or dtypes[name] != tensor.dtype
         return load_weights(weights)
 
     return load
 
 
-def _log_weights_digest(model: nn.Module, received: dict) -> None:
-    """Simulation only: digest what the model holds now under the names just received (``_digest``)."""
-    if not received:
+def _log_weights_digest(model: nn.Module, received: _Received) -> None:
+    """Simulation only: digest what the model holds now under the names just received (``_digest``).
+
+    ``rollout loaded``: the parameters in the dtype they were sent in, which must equal the trainer's
+    ``trainer sent`` where the model holds the tensors as sent.  Where it holds shards or another dtype
+    (:class:`_Received`), three lines more per rank, ``rollout tp rank R/T ...``: the full tensors it
+    ``received`` (= ``trainer sent``), the ``expected`` shards (its slice, in its dtype), and what it
+    ``holds`` (= ``expected``).
+    """
+    if not received.dtypes:
         return
     params = dict(model.named_parameters(remove_duplicate=False))
     params.update(model.named_buffers(remove_duplicate=False))
     digest = WeightsDigest()
-    for name, dtype in received.items():
+    for name, dtype in received.dtypes.items():
         digest.update(name, params[name].to(dtype))
     logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
+    if not received.converted:
+        return
+    holds = WeightsDigest()
+    for name in received.dtypes:
+        holds.update(name, params[name])
+    rank = "rollout tp rank {}/{}".format(*(getattr(model, "tensor_parallel", None) or (0, 1)))
+    logger.info(LINE, f"{rank} received", received.full.count, received.full.hexdigest())
+    logger.info(LINE, f"{rank} expected", received.expected.count, received.expected.hexdigest())
+    logger.info(LINE, f"{rank} holds", holds.count, holds.hexdigest())
 
 
 def _weight_nz_mode(vllm_config: VllmConfig) -> object:
@@ -199,7 +240,7 @@ class NPUWorker(WorkerBase):
             self.weight_transfer_engine = None
             self._weight_update_active = False
             self._is_checkpoint_format = True
-            self._weights_received: dict[str, torch.dtype] = {}  # simulation only (_digest)
+            self._weights_received = _Received()  # simulation only (_digest)
 
         # As the real one (a fix for vLLM commit de94289): changes vLLM's weight loading in this process.
         from vllm.model_executor.layers.linear import (
@@ -311,7 +352,7 @@ class NPUWorker(WorkerBase):
 
             self._is_checkpoint_format = is_checkpoint_format
             self._weight_update_active = True
-            self._weights_received = {}
+            self._weights_received = _Received()
 
         def update_weights(self, update_info: dict) -> None:
             """Receive a chunk of weights from the trainer and load them in place."""
@@ -330,7 +371,7 @@ class NPUWorker(WorkerBase):
                 if self._is_checkpoint_format:
                     self.weight_transfer_engine.receive_weights(
                         typed_update_info,
-                        load_weights=_noting(received, model.load_weights),
+                        load_weights=_noting(received, model.load_weights, model),
                     )
                 else:
 
@@ -342,7 +383,7 @@ class NPUWorker(WorkerBase):
 
                     self.weight_transfer_engine.receive_weights(
                         typed_update_info,
-                        load_weights=_noting(received, load_weights_direct),
+                        load_weights=_noting(received, load_weights_direct, model),
                     )
 
             # HCCL broadcast / packed paths are asynchronous.
@@ -368,7 +409,7 @@ class NPUWorker(WorkerBase):
             self._weight_update_active = False
             self._is_checkpoint_format = True
             _log_weights_digest(self.model_runner.model, self._weights_received)
-            self._weights_received = {}
+            self._weights_received = _Received()
 
         def shutdown(self) -> None:
             if ensure_kv_transfer_shutdown is not None:

@@ -1,0 +1,112 @@
+"""Issue 24: the rollout in the shapes Trinity's users run, as whole ``trinity run``s on a simulated Ascend cluster.
+
+Each test edits the bundled ``examples/e2e/trinity_tiny.yaml`` into one shape (``scenario.run``'s ``edit``)
+and runs it through ``python -m npu_compat`` on an NPU-only cluster of the size the shape needs.  What
+each proves is read from the logs of every process: the stages, the trainer's steps, and the weight
+digests both sides log (``npu_compat.testing._digest``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import scenario
+
+try:
+    TRINITY = md.version("trinity-rft")
+except md.PackageNotFoundError:
+    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
+if not TRINITY.startswith("0.6."):
+    pytest.skip(
+        f"the shapes are checked with trinity-rft 0.6 (stacks a, b), found {TRINITY}", allow_module_level=True
+    )
+
+#: each run is a Ray cluster of some 30 processes: it runs with no other test beside it (noxfile)
+pytestmark = pytest.mark.many_processes
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return scenario.make_model(tmp_path_factory.mktemp("shapes") / "tiny-model")
+
+
+def _replace(pairs: list[tuple[str, str]]) -> Any:
+    def edit(text: str) -> str:
+        for old, new in pairs:
+            if old not in text:
+                raise ValueError(f"the bundled config has no {old!r}")
+            text = text.replace(old, new, 1)
+        return text
+
+    return edit
+
+
+#: Two engines of TP 2 for the rollout (four NPUs) and two NPUs for the trainer, on one node of six.
+TP2_X2 = _replace([
+    ("    engine_num: 1\n", "    engine_num: 2\n"),
+    ("    tensor_parallel_size: 1\n", "    tensor_parallel_size: 2\n"),
+])  # fmt: skip
+
+
+@pytest.mark.beyond_ci
+def test_two_engines_of_tp2_and_two_trainer_npus_sync_every_shard(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "tp2x2"
+    result = scenario.run(
+        "compat", out, timeout=1500, model=tiny_model, npus=6, edit=TP2_X2, name="tp2x2", progress=print
+    )
+    print(json.dumps(result))
+    assert result["rc"] == 0, result["first_error"]
+    assert "second_train_step_finished" in result["stages"]
+    assert "rollout_on_weight_version_2" in result["stages"]
+    assert [s["step"] for s in scenario.train_steps(out)] == [1, 2]
+    sent = scenario.trainer_sent(out)
+    assert len(sent) == 3, sent  # before step 1, after each of the two steps
+    loads = scenario.converted_loads(out)
+    # 2 engines x 2 ranks, each loading every sync: 12 updates, each rank its own process
+    assert len(loads) == 3 * 4, loads
+    assert len({load["process"] for load in loads}) == 4
+    for i, digest in enumerate(sent):
+        this_sync = [load for load in loads if load["update"] == str(i)]
+        assert sorted(load["rank"] for load in this_sync) == ["0", "0", "1", "1"]
+        for load in this_sync:
+            assert load["received"] == digest  # every rank of every engine got the trainer's full tensors
+            assert load["holds"] == load["expected"]  # and holds exactly its slice of them
+        # the two ranks of an engine hold different shards
+        assert len({load["holds"] for load in this_sync}) == 2
+
+
+#: The ``rollout_model`` section at Trinity's defaults: the keys the bundled config set dropped.
+DEFAULTS = _replace([
+    ("    enforce_eager: true\n", ""),
+    ("    enable_prefix_caching: false\n", ""),
+    ("    dtype: float32\n", ""),
+    ("    gpu_memory_utilization: 0.3\n", ""),
+])  # fmt: skip
+
+
+@pytest.mark.beyond_ci
+def test_the_rollout_at_trinitys_defaults_runs_as_it_is(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "defaults"
+    result = scenario.run(
+        "compat", out, timeout=1200, model=tiny_model, edit=DEFAULTS, name="defaults", progress=print
+    )
+    print(json.dumps(result))
+    assert result["rc"] == 0, result["first_error"]
+    assert "rollout_on_weight_version_2" in result["stages"]
+    assert [s["step"] for s in scenario.train_steps(out)] == [1, 2]
+    text = scenario.all_logs(out)
+    # enforce_eager false: the graphs are not captured, and one line says so
+    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in text
+    # bfloat16: the rollout's model and KV cache are in bf16
+    assert "dtype=torch.bfloat16" in text
+    # the trainer sends bf16 (Trinity's state-dict meta): the rollout holds each sync byte for byte
+    syncs = scenario.weight_syncs(out)
+    assert len(syncs) == 3 and all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
+    # the KV cache is the real budget: 0.9 of the 64 GiB device less the weights, counted, not backed
+    assert "Available KV cache memory: 57.6" in text
+    print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
