@@ -114,8 +114,8 @@ WORKER_COMPILE = "verl.dp_actor.torch_compile" if LEGACY else "trinity.verl.conf
 @pytest.mark.uses_verl  # the whole run on verl's trainer: stack-b (stack-a with verl 0.7.1) too
 @beyond_ci_where(LEGACY)  # 7 min: on stack b (the legacy trainer) by hand, stack a's in CI
 def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Path, tiny_model: Path) -> None:
-    """The bundled config as it is (mode ``both``, ``total_steps: 2``, ``sync_method: nccl``) runs to
-    the end: npu-compat counts the NPUs, the verl worker group is up on NPU bundles, FSDP2 trains on
+    """The bundled config as it is (mode ``both``, ``total_steps: 2``, ``sync_method: nccl``, the rollout at
+    Trinity's defaults) runs to the end: npu-compat counts the NPUs, the verl worker group is up on NPU bundles, FSDP2 trains on
     (simulated) ``npu`` tensors, the vLLM engine runs on vllm-ascend's ``NPUWorker``, the weight-sync
     group forms over HCCL between trainer rank 0 and the rollout worker, and each sync -- before step 1,
     after each train step -- leaves the rollout's model holding what the trainer sent: the digest both
@@ -141,6 +141,12 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     steps = scenario.train_steps(out)
     assert [step["step"] for step in steps] == [1, 2], steps
     assert all(step["reward_mean"] is not None and step["pg_loss"] is not None for step in steps), steps
+    # the rollout at Trinity's defaults (the bundled config sets none of them): enforce_eager false runs
+    # eager and says so; bfloat16; a KV cache of 0.9 of the 64 GiB device less the weights
+    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in text
+    assert "dtype=torch.bfloat16" in text
+    assert "Available KV cache memory: 57.6" in text
+    print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
     # each patch is reported applied in the process where its code runs
     _assert_applied(
         result,
@@ -165,13 +171,20 @@ WHOLE_RUN_WITHOUT_GROUP = [
 
 def _rollout_loads_after_two_train_steps(out: Path) -> list[str]:
     """Two train steps with a loss, and the rollout loaded new weights after each (versions 1 and 2):
-    the digests its worker logged, in order."""
+    the digests of what its worker received, in order."""
     text = scenario.all_logs(out)
     assert "Error in Trainer" not in text, scenario.first_error(out)
     steps = scenario.train_steps(out)
     assert [step["step"] for step in steps] == [1, 2], steps
     assert all(step["pg_loss"] is not None for step in steps), steps
     loads = scenario.rollout_loads(out)
+    # where the rollout holds another dtype than was sent (bf16, the default, from a float32 state dict),
+    # what it received is the full tensors' digest, and it holds exactly their conversion
+    converted = scenario.converted_loads(out)
+    if converted:
+        assert len(converted) == len(loads), converted
+        assert all(load["holds"] == load["expected"] for load in converted), converted
+        loads = [load["received"] for load in converted]
     assert len(loads) == 2 and loads[0] != loads[1], loads
     return loads
 

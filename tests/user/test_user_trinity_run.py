@@ -5,8 +5,8 @@ model made here (not the project's e2e files), the recipe of the README: start t
 shell with ``--env-file``, read the file, ``python -m npu_compat trinity run --config mine.yaml``.
 GRPO, mode ``both``, two steps: the command exits 0 after the second train step.
 
-The rollout keys the simulated vLLM model runner can compute are set (``enforce_eager``, float32, no
-prefix caching); Trinity's own defaults for them are the rollout's breadth (issue 24).
+The rollout is left at Trinity's defaults (eager off, prefix caching, bfloat16, 90 % of the device), as a
+user's config leaves it.
 """
 
 from __future__ import annotations
@@ -94,10 +94,6 @@ explorer:
   rollout_model:
     engine_num: 1
     tensor_parallel_size: 1
-    enforce_eager: true
-    enable_prefix_caching: false
-    dtype: float32
-    gpu_memory_utilization: 0.3
 synchronizer:
   sync_method: nccl
   sync_interval: 1
