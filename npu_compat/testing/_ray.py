@@ -164,6 +164,41 @@ def _wait_for_nodes(
     raise TimeoutError(f"{nodes} Ray nodes were not active in time; last `ray status`:\n{last[-2000:]}")
 
 
+#: What ``ray start`` says when its node's raylet did not register within Ray's fixed 30 s (a loaded host).
+_HEAD_TIMED_OUT = "The current node timed out during startup"
+
+#: How many times the head is started before its failure to start is the cluster's.
+HEAD_TRIES = 3
+
+
+def _start_head(
+    node_args: list[str], env: dict[str, str], log: Path, prefix: list[str] | None, deadline: float,
+    procs: list[subprocess.Popen[bytes]],
+) -> str:  # fmt: skip
+    """Start the head (appended to ``procs``) and return its address once ``ray status`` lists it.
+
+    ``ray start`` gives its own raylet a fixed 30 s to register and then takes the GCS down with it: on a
+    loaded host it does so now and then.  That failure, and only that one, starts the head again on a
+    fresh port (``HEAD_TRIES`` times in all); ``env`` gets the address (``RAY_ADDRESS``) it ended on.
+    """
+    for attempt in range(1, HEAD_TRIES + 1):
+        port = _free_port()
+        address = f"127.0.0.1:{port}"
+        env[_env.RAY_ADDRESS] = address
+        head_args = ["--head", f"--port={port}", "--include-dashboard=false", *node_args]
+        procs.append(_ray_start(head_args, env, log, prefix))
+        try:
+            _wait_for_port(port, deadline, procs[0], log)
+            _wait_for_nodes(address, 1, env, deadline, procs, [log])
+            return address
+        except RuntimeError:
+            if attempt == HEAD_TRIES or _HEAD_TIMED_OUT not in log.read_text(errors="replace"):
+                raise
+            _stop(procs.pop())
+            log.rename(log.with_name(f"ray-start.try{attempt}.log"))
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def npu_ray_cluster(
     nodes: int = 1,
@@ -189,7 +224,6 @@ def npu_ray_cluster(
                          "a cluster has at least one node and one CPU per node")  # fmt: skip
     temp_dir = Path(tempfile.mkdtemp(prefix="ncray-", dir="/tmp"))  # Ray's socket paths must stay short
     log = temp_dir / "ray-start.log"
-    port = _free_port()
     cluster_env = simulation_env(npus_per_node, env)
     cluster_env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     auth_env = cluster_auth_env(temp_dir)
@@ -199,27 +233,22 @@ def npu_ray_cluster(
     # ``ray.init()`` (vLLM's worker processes, whose parent is a Ray actor, look up Trinity's
     # Synchronizer) finds a cluster started with Ray's default temp dir through its
     # ``ray_current_cluster`` file; this one's temp dir is private, so it is named here.
-    address = f"127.0.0.1:{port}"
-    cluster_env[_env.RAY_ADDRESS] = address
     node_args = [
         f"--num-cpus={cpus_per_node}", "--num-gpus=0",
         f"--resources={json.dumps({'NPU': npus_per_node})}",
         "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]  # fmt: skip
-    head_args = ["--head", f"--port={port}", "--include-dashboard=false", *node_args]
     procs: list[subprocess.Popen[bytes]] = []
     logs = [log]
     try:
-        procs.append(_ray_start(head_args, cluster_env, log, command_prefix))
         deadline = time.monotonic() + start_timeout
-        _wait_for_port(port, deadline, procs[0], log)
+        address = _start_head(node_args, cluster_env, log, command_prefix, deadline, procs)
         for index in range(1, nodes):
             logs.append(temp_dir / f"ray-start-node{index}.log")
             procs.append(
                 _ray_start([f"--address={address}", *node_args], cluster_env, logs[-1], command_prefix)
             )
-        # even one node: under load a head's raylet can miss `ray start`'s own 30 s and take the GCS down
-        # with it after the port opened; a cluster is handed over only once `ray status` lists its nodes
+        # a cluster is handed over only once `ray status` lists all its nodes
         _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
         per_node = {"NPU": float(npus_per_node), "CPU": float(cpus_per_node)}
         yield RayCluster(
