@@ -78,35 +78,3 @@ def test_two_engines_of_tp2_and_two_trainer_npus_sync_every_shard(tmp_path: Path
             assert load["holds"] == load["expected"]  # and holds exactly its slice of them
         # the two ranks of an engine hold different shards
         assert len({load["holds"] for load in this_sync}) == 2
-
-
-#: The ``rollout_model`` section at Trinity's defaults: the keys the bundled config set dropped.
-DEFAULTS = _replace([
-    ("    enforce_eager: true\n", ""),
-    ("    enable_prefix_caching: false\n", ""),
-    ("    dtype: float32\n", ""),
-    ("    gpu_memory_utilization: 0.3\n", ""),
-])  # fmt: skip
-
-
-@pytest.mark.beyond_ci
-def test_the_rollout_at_trinitys_defaults_runs_as_it_is(tmp_path: Path, tiny_model: Path) -> None:
-    out = tmp_path / "defaults"
-    result = scenario.run(
-        "compat", out, timeout=1200, model=tiny_model, edit=DEFAULTS, name="defaults", progress=print
-    )
-    print(json.dumps(result))
-    assert result["rc"] == 0, result["first_error"]
-    assert "rollout_on_weight_version_2" in result["stages"]
-    assert [s["step"] for s in scenario.train_steps(out)] == [1, 2]
-    text = scenario.all_logs(out)
-    # enforce_eager false: the graphs are not captured, and one line says so
-    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in text
-    # bfloat16: the rollout's model and KV cache are in bf16
-    assert "dtype=torch.bfloat16" in text
-    # the trainer sends bf16 (Trinity's state-dict meta): the rollout holds each sync byte for byte
-    syncs = scenario.weight_syncs(out)
-    assert len(syncs) == 3 and all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
-    # the KV cache is the real budget: 0.9 of the 64 GiB device less the weights, counted, not backed
-    assert "Available KV cache memory: 57.6" in text
-    print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
