@@ -6,7 +6,7 @@ call (``_npu_kernels``).  The ``vllm_ascend`` stand-ins in ``_sim_site`` do the 
 the real package for real -- configuration, registration, process groups, collectives -- and
 their ``NPUModelRunner`` generates for real (a transformers model, recomputing each sequence;
 see ``vllm_ascend.worker.model_runner_v1``).  They stop where the real code needs an NPU for
-what the simulation does not do (ATB kernels, the torch_npu profiler, LoRA, speculative
+what the simulation does not do (ATB kernels, the torch_npu profiler, LoRA at TP > 1, speculative
 decoding, pipeline parallelism).  There they raise :class:`SimulatedComputeBoundary`
 (made by :func:`needs_npu`), whose message names the method: ``simulated Ascend: <method>
 needs a real NPU``.  Where the backend cannot be built (no compiler, no ninja), every

@@ -51,11 +51,24 @@ What it does:
   a full tensor), and a forward pass sums and gathers over vLLM's TP group on the simulated
   ``hccl``.  Every rank samples from the same gathered logits.
 
+* LoRA (``enable_lora``), at tensor parallel size 1 (``npu_compat.testing._lora``): ``add_lora`` reads a
+  PEFT adapter directory (``adapter_config.json`` through vLLM's ``PEFTHelper``, so ``r`` is checked
+  against ``max_lora_rank``; ``adapter_model.safetensors`` or ``.bin``), maps PEFT's
+  ``base_model.model.<module>.lora_A/B.weight`` to the transformers model's ``nn.Linear`` modules and
+  keeps it by ``lora_int_id`` in vLLM's LRU cache of ``max_cpu_loras``; ``remove_lora``, ``pin_lora``
+  and ``list_loras`` as vLLM's worker answers them.  A step loads the adapters its requests name that
+  are not loaded yet (from their ``lora_path``, as vLLM does; more distinct adapters than ``max_loras``
+  in one step is vLLM's error), and each request's forward pass runs with its own adapter -- forward
+  hooks adding ``scaling * B(A(x))`` to each adapted layer, on for that request only -- or the base
+  model.  Each adapter as loaded is logged with its digest (``rollout lora <id> loaded``).  LoRA at
+  TP > 1 and vLLM's ``target_modules`` restriction are boundaries; adapters stay on the device through
+  sleep.
+
 Not simulated: vLLM's model classes, attention backends and paged KV cache (the cache is
 allocated but unused; every step recomputes the whole sequence, fine for tiny models, slow for
 large ones); pipeline, data and context parallelism; CUDA/ACL graph capture and
 ``torch.compile`` (the model runs eager whatever ``enforce_eager`` says, and the worker says so in
-one log line); speculative decoding, LoRA,
+one log line); speculative decoding, LoRA at TP > 1,
 multimodal inputs, prompt embeddings, pooling models, structured output (grammar bitmasks),
 ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words`` and custom logits processors,
 KV connectors, quantisation.  Each of these raises ``SimulatedComputeBoundary`` naming it.
@@ -85,6 +98,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
 from npu_compat.testing._boundary import host_device, needs_npu
+from npu_compat.testing._lora import LoraAdapters
 from npu_compat.testing._tensor_parallel import shard_model
 
 
@@ -113,6 +127,7 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int]
     in_progress_prompt_logprobs_cpu: LogprobsTensors | None = None
+    lora_request: Any = None  # vLLM's LoRARequest, or None for the base model
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -235,19 +250,31 @@ class NPUModelRunner:
         self.execute_model_state: tuple | None = None
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._asleep: set[str] = set()
+        self.loras = (  # the PEFT adapters (npu_compat.testing._lora), where vLLM's LoRA is on
+            None
+            if vllm_config.lora_config is None
+            else LoraAdapters(vllm_config.lora_config, self.dtype, self.placement)
+        )
 
     @staticmethod
     def _refuse_unsimulated(vllm_config: VllmConfig) -> None:
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size > 1:
-            raise needs_npu("NPUModelRunner (pipeline parallel)", "the simulated runner runs tensor parallel only")
+            raise needs_npu(
+                "NPUModelRunner (pipeline parallel)", "the simulated runner runs tensor parallel only"
+            )
         for name in ("data_parallel_size", "prefill_context_parallel_size", "decode_context_parallel_size"):
             if getattr(parallel, name, 1) > 1:
-                raise needs_npu(f"NPUModelRunner ({name} > 1)", "the simulated runner runs tensor parallel only")
+                raise needs_npu(
+                    f"NPUModelRunner ({name} > 1)", "the simulated runner runs tensor parallel only"
+                )
         if vllm_config.speculative_config is not None:
             raise needs_npu("NPUModelRunner (speculative decoding)", "not simulated")
-        if vllm_config.lora_config is not None:
-            raise needs_npu("NPUModelRunner (LoRA)", "not simulated")
+        lora = vllm_config.lora_config
+        if lora is not None and parallel.tensor_parallel_size > 1:
+            raise needs_npu("NPUModelRunner (LoRA with tensor parallel)", "LoRA is simulated at TP 1 only")
+        if lora is not None and getattr(lora, "target_modules", None):
+            raise needs_npu("NPUModelRunner (LoRA target_modules restriction)", "not simulated")
         if vllm_config.model_config.runner_type == "pooling":
             raise needs_npu("NPUModelRunner (pooling models)", "not simulated")
 
@@ -307,17 +334,22 @@ class NPUModelRunner:
     def reset_encoder_cache(self) -> None:
         pass
 
+    def _lora_enabled(self) -> LoraAdapters:
+        if self.loras is None:  # vLLM's GPU runner says the same
+            raise RuntimeError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        return self.loras
+
     def add_lora(self, lora_request) -> bool:
-        raise needs_npu("NPUModelRunner.add_lora", "LoRA is not simulated")
+        return self._lora_enabled().add(lora_request, self.model)
 
     def remove_lora(self, lora_id: int) -> bool:
-        raise needs_npu("NPUModelRunner.remove_lora", "LoRA is not simulated")
+        return self._lora_enabled().remove(lora_id)
 
     def pin_lora(self, lora_id: int) -> bool:
-        raise needs_npu("NPUModelRunner.pin_lora", "LoRA is not simulated")
+        return self._lora_enabled().pin(lora_id)
 
     def list_loras(self) -> set[int]:
-        return set()
+        return self._lora_enabled().ids()
 
     def shutdown(self) -> None:
         self.requests.clear()
@@ -386,6 +418,7 @@ class NPUModelRunner:
                 generator=generator,
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=[],
+                lora_request=new.lora_request,
             )
             if params.prompt_logprobs is not None:
                 self.num_prompt_logprobs[new.req_id] = (
@@ -408,8 +441,6 @@ class NPUModelRunner:
             raise needs_npu("NPUModelRunner (prompt embeddings)", "not simulated")
         if new.mm_features:
             raise needs_npu("NPUModelRunner (multimodal inputs)", "not simulated")
-        if new.lora_request is not None:
-            raise needs_npu("NPUModelRunner (LoRA)", "not simulated")
         params = new.sampling_params
         if params is None:
             raise needs_npu("NPUModelRunner (pooling requests)", "not simulated")
@@ -441,13 +472,20 @@ class NPUModelRunner:
         if scheduler_output.scheduled_spec_decode_tokens:
             raise needs_npu("NPUModelRunner (speculative decoding)", "not simulated")
         assert self.model is not None
+        loras = [self.requests[r].lora_request for r in req_ids]
+        if any(loras):
+            self._lora_enabled().activate(loras, self.model)  # loads a request's adapter on first use
         hidden, logits, starts, samples = [], [], [0], []
         for req_id in req_ids:
             state = self.requests[req_id]
             tokens = state.prompt_token_ids + state.output_token_ids
             end = min(state.num_computed_tokens + num_scheduled[req_id], len(tokens))
             ids = torch.tensor([tokens[:end]], dtype=torch.long, device=self.placement)
-            out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            if state.lora_request is None:
+                out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            else:
+                with self._lora_enabled().applied(state.lora_request, self.model):
+                    out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
             hidden.append(out.hidden_states[-1][0, state.num_computed_tokens : end])
             logits.append(out.logits[0, end - 1])
             starts.append(starts[-1] + end - state.num_computed_tokens)

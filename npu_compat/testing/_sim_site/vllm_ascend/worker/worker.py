@@ -38,7 +38,7 @@ What the runner does not simulate is listed in its module.
 
 Where it stops (``SimulatedComputeBoundary``, "simulated Ascend: <method> needs a real NPU"):
 ``load_model`` before ``init_device`` (no model runner), ``_warm_up_atb`` (an ATB matmul), the
-torch_npu profiler, static kernels, and the runner's own boundaries (LoRA, speculative
+torch_npu profiler, static kernels, and the runner's own boundaries (LoRA at TP > 1, speculative
 decoding, pipeline/data/context parallelism, ...).  Tensor parallelism computes: one worker per
 rank, each with its shard (see ``model_runner_v1``).
 Not simulated at all: ``adapt_patch()`` (vllm-ascend's patches to vLLM), custom-op and ATB
