@@ -42,17 +42,11 @@ LORA = (
     "  lora_configs:\n"
     "    - name: tiny-lora\n      lora_rank: 8\n      lora_alpha: 16\n      target_modules: all-linear\n"
 )
-#: The bundled config's 32 prompt tokens are fewer than every task's prompt (47 with MathWorkflow's system prompt):
-#: Trinity masks such a prompt out with a dummy experience and never sends it to vLLM.  Here the rollout generates.
-LENGTHS = [
-    ("  max_prompt_tokens: 32\n", "  max_prompt_tokens: 64\n"),
-    ("  max_model_len: 48\n", "  max_model_len: 80\n"),
-]
 
 
 def with_lora(text: str) -> str:
     anchor = "  model_path: ${oc.env:E2E_MODEL}\n"
-    for old, new in [(anchor, anchor + LORA), *LENGTHS]:
+    for old, new in [(anchor, anchor + LORA)]:
         if old not in text:
             raise ValueError(f"the bundled config has no {old!r}")
         text = text.replace(old, new, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,12 @@ def test_two_engines_of_tp2_and_two_trainer_npus_sync_every_shard(tmp_path: Path
             assert load["holds"] == load["expected"]  # and holds exactly its slice of them
         # the two ranks of an engine hold different shards
         assert len({load["holds"] for load in this_sync}) == 2
+    # every engine generated: each rank of each engine (a vLLMRolloutModel actor) logs its count at shutdown
+    served = re.findall(
+        r"vLLMRolloutModel pid=(\d+)\).*served (\d+) requests \(tensor parallel rank (\d) of 2\)",
+        scenario.all_logs(out),
+    )
+    per_engine: dict[str, int] = {}
+    for engine, count, _rank in served:
+        per_engine[engine] = per_engine.get(engine, 0) + int(count)
+    assert len(per_engine) == 2 and all(per_engine.values()), served

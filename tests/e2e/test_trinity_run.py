@@ -146,6 +146,9 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in text
     assert "dtype=torch.bfloat16" in text
     assert "Available KV cache memory: 57.6" in text
+    # the prompts reach the rollout and it generates (over max_prompt_tokens Trinity would skip them)
+    served = [int(n) for n in re.findall(r"NPUModelRunner on npu:\d+ served (\d+) requests", text)]
+    assert served and all(served), served
     print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
     # each patch is reported applied in the process where its code runs
     _assert_applied(

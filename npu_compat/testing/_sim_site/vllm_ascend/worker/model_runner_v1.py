@@ -250,6 +250,7 @@ class NPUModelRunner:
         self.execute_model_state: tuple | None = None
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._asleep: set[str] = set()
+        self.requests_served = 0  # simulation only: new requests scheduled here, logged at shutdown
         self.loras = (  # the PEFT adapters (npu_compat.testing._lora), where vLLM's LoRA is on
             None
             if vllm_config.lora_config is None
@@ -353,6 +354,13 @@ class NPUModelRunner:
 
     def shutdown(self) -> None:
         self.requests.clear()
+        # simulation only: which engine (and rank) generated how much, for a run's logs
+        logger.info(
+            "simulated Ascend: NPUModelRunner on %s served %d requests (tensor parallel rank %d of %d)",
+            self.placement,
+            self.requests_served,
+            *(getattr(self.model, "tensor_parallel", None) or (0, 1)),
+        )
 
     # -- the KV cache -------------------------------------------------------------------------
 
@@ -406,6 +414,7 @@ class NPUModelRunner:
             self.num_prompt_logprobs.pop(req_id, None)
         for new in scheduler_output.scheduled_new_reqs:
             self._refuse_request(new)
+            self.requests_served += 1
             params = new.sampling_params
             generator = None
             if params.sampling_type == SamplingType.RANDOM_SEED:
