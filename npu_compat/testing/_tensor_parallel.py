@@ -220,25 +220,18 @@ def shard_model(model: nn.Module, rank: int, size: int) -> nn.Module:
                 f"NPUModelRunner (tensor parallel for {type(model).__name__})",
                 "q/k/v/o and gate/up/down projections",
             )
-        for name, take, cls in (
-            ("q_proj", rows, ColumnParallel),
-            ("k_proj", kv, ColumnParallel),
-            ("v_proj", kv, ColumnParallel),
-            ("o_proj", columns, RowParallel),
+        for module, name, take, cls in (
+            (attn, "q_proj", rows, ColumnParallel),
+            (attn, "k_proj", kv, ColumnParallel),
+            (attn, "v_proj", kv, ColumnParallel),
+            (attn, "o_proj", columns, RowParallel),
+            (mlp, "gate_proj", rows, ColumnParallel),
+            (mlp, "up_proj", rows, ColumnParallel),
+            (mlp, "down_proj", columns, RowParallel),
         ):
-            linear = getattr(attn, name)
-            setattr(
-                attn, name, cls(linear.weight.data, None if linear.bias is None else linear.bias.data, take)
-            )
-        for name, take, cls in (
-            ("gate_proj", rows, ColumnParallel),
-            ("up_proj", rows, ColumnParallel),
-            ("down_proj", columns, RowParallel),
-        ):
-            linear = getattr(mlp, name)
-            setattr(
-                mlp, name, cls(linear.weight.data, None if linear.bias is None else linear.bias.data, take)
-            )
+            linear = getattr(module, name)
+            bias = None if linear.bias is None else linear.bias.data
+            setattr(module, name, cls(linear.weight.data, bias, take))
         # the attention of this rank: its query heads over its KV heads (transformers' repeat_kv ratio)
         attn.num_key_value_groups = (num_heads // size) // max(1, kv_heads // size)
     vocab = config.vocab_size

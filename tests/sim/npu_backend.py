@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
@@ -39,6 +40,20 @@ def sim_run(
 def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend; what it printed last, as JSON."""
     return last_json(sim_run(code, timeout, devices, **extra))
+
+
+def vllm_engine_json(code: str, timeout: float = 900) -> Any:
+    """Run a script that drives vLLM's engine on a simulated Ascend (the stand-in ``vllm_ascend``, NZ off,
+    ``collective_rpc`` of test functions allowed); the last JSON object it printed."""
+    proc = run_py(
+        code,
+        env=sim_env(VLLM_ASCEND_ENABLE_NZ="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
+        pythonpath=SIM_PATH,
+        timeout=timeout,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[-1])
 
 
 @pytest.fixture(scope="session")

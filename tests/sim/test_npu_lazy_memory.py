@@ -9,15 +9,13 @@ costs this machine next to nothing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SIM_PATH, run_py
-from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json
-from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION, sim_env
+from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json, vllm_engine_json
+from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
@@ -135,15 +133,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def engine() -> dict[str, Any]:
-    proc = run_py(
-        ENGINE,
-        env=sim_env(VLLM_ASCEND_ENABLE_NZ="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
-        pythonpath=SIM_PATH,
-        timeout=600,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
+    result: dict[str, Any] = vllm_engine_json(ENGINE, timeout=600)
     return result
 
 

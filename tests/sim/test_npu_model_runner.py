@@ -10,13 +10,12 @@ test checks one part against transformers computing on the same model directory.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from tests.conftest import SIM_PATH, run_py
-from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION, sim_env
+from tests.sim.npu_backend import vllm_engine_json
+from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
 
 pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
@@ -107,15 +106,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def engine() -> dict[str, Any]:
-    proc = run_py(
-        ENGINE,
-        env=sim_env(VLLM_ASCEND_ENABLE_NZ="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
-        pythonpath=SIM_PATH,
-        timeout=900,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
+    result: dict[str, Any] = vllm_engine_json(ENGINE, timeout=900)
     return result
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SIM_PATH, last_json, run_py
-from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION, sim_env
+from tests.sim.npu_backend import vllm_engine_json
+from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
 
 pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
@@ -106,13 +106,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def engines() -> dict[str, Any]:
-    proc = run_py(
-        ENGINES,
-        env=sim_env(VLLM_ASCEND_ENABLE_NZ="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
-        pythonpath=SIM_PATH,
-        timeout=900,
-    )
-    result: dict[str, Any] = last_json(proc)
+    result: dict[str, Any] = vllm_engine_json(ENGINES, timeout=900)
     return result
 
 
