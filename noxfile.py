@@ -1,9 +1,9 @@
 """Test sessions: the engine alone, and one session per pinned upstream stack.
 
 ``python -m nox`` runs them all (the README's test command and CI's).  Each stack is a
-full pin list in ``stacks/`` installed with ``--no-deps`` on the CPU build of torch,
+full pin list in ``npu_compat/stacks/`` installed with ``--no-deps`` on the CPU build of torch,
 because the published metadata of trinity-rft, verl and vLLM cannot be resolved
-together (see ``stacks/README.md``).
+together (see ``npu_compat/stacks/README.md``).
 """
 
 from __future__ import annotations
@@ -80,14 +80,14 @@ def engine(session: nox.Session) -> None:
 
 
 def _install_stack(session: nox.Session, pins: str) -> None:
-    """The pinned stack ``stacks/<pins>`` and npu-compat itself, both with ``--no-deps``.
+    """The pinned stack ``npu_compat/stacks/<pins>`` and npu-compat itself, both with ``--no-deps``.
 
     Plus ninja: the simulated NPU's C++ backend is compiled with it (and the host's C++
     compiler) on first use; without either the simulation stops at its compute boundary.
     """
     # unsafe-best-match lets the local +cpu torch wheel win over the index's CUDA build (uv only)
     strategy = ["--index-strategy", "unsafe-best-match"] if session.venv_backend == "uv" else []
-    session.install("--no-deps", "-r", f"stacks/{pins}", *_find_links(), *strategy)
+    session.install("--no-deps", "-r", f"npu_compat/stacks/{pins}", *_find_links(), *strategy)
     session.install("ninja==1.13.2")
     session.install("--no-deps", ".")
 
@@ -105,7 +105,7 @@ VERL = "verl"
 
 def _pin_versions(pins: str) -> dict[str, str]:
     out = {}
-    for line in (ROOT / "stacks" / pins).read_text().splitlines():
+    for line in (ROOT / "npu_compat" / "stacks" / pins).read_text().splitlines():
         if "==" in line and not line.lstrip().startswith("#"):
             name, version = line.split("==", 1)
             out[name.strip().lower()] = version.strip()
@@ -187,3 +187,50 @@ def demo(session: nox.Session) -> None:
         "python", "examples/e2e/demo.py", "--since", f"{started:.3f}", *session.posargs,
         interrupt_timeout=120, terminate_timeout=30,
     )  # fmt: skip
+
+
+#: The release whose declared requirements bound the ``drift`` session's downloads, and the extras of
+#: it that a Trinity run installs (its vLLM rollout).
+TRINITY = ("trinity-rft", "0.6.0", ("vllm",))
+
+
+@nox.session(python="3.11")
+def drift(session: nox.Session) -> None:
+    """The newest release of every distribution npu-compat patches that Trinity 0.6.0 admits, downloaded
+    by name (``pip download --no-deps``, nothing installed) and read by ``python -m npu_compat check``.
+
+    A distribution that Trinity's metadata does not constrain (torch: vLLM pins it) is taken at its
+    newest.  ``-- --json`` passes on to ``check``; the exit status is ``check``'s (1: a patch in range
+    is moved or broken)."""
+    import email.parser
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    session.install(".", "pip")
+    where = Path(session.create_tmp()) / "drift"
+    shutil.rmtree(where, ignore_errors=True)
+
+    def download(requirement: str) -> Path:
+        into = where / Requirement(requirement).name
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), requirement)
+        return next(into.iterdir())
+
+    name, version, extras = TRINITY
+    trinity = download(f"{name}=={version}")
+    with zipfile.ZipFile(trinity) as wheel:
+        meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = email.parser.Parser().parsestr(wheel.read(meta).decode()).get_all("Requires-Dist") or []
+    declared: dict[str, str] = {}
+    for text in requires:
+        req = Requirement(text)
+        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+            declared[req.name.lower()] = str(req.specifier)
+    listed = "from npu_compat._catalog import SPECS; print(*sorted({s.distribution for s in SPECS}))"
+    targets = [d for d in str(session.run("python", "-c", listed, silent=True)).split() if d != name]
+    artifacts = [trinity]
+    for dist in targets:
+        spec = declared.get(dist, "")
+        session.log(f"{dist}{spec or ' (not constrained by ' + name + ' ' + version + ')'}: the newest")
+        artifacts.append(download(f"{dist}{spec}"))
+    session.run("python", "-m", "npu_compat", "check", *map(str, artifacts), *session.posargs)

@@ -1,14 +1,17 @@
-"""Command line: the launcher, ``report`` and ``doctor``.
+"""Command line: the launcher, ``report``, ``doctor`` and ``check``.
 
     python -m npu_compat [--device D] [--strict] [--report-dir DIR] [--] COMMAND [ARGS...]
     python -m npu_compat report [--json] [--device D]
     python -m npu_compat doctor [--json] [--reports DIR]
+    python -m npu_compat check [ARTIFACT ...] [--json]
 
 (``npu-compat`` is the same as a console script.)  ``report`` activates npu-compat in
 this interpreter and prints the device decision, its evidence and every patch with
 its status and reason.  ``doctor`` checks this environment without importing any
-patch target.  Anything else is a command for the launcher (:mod:`._launcher`); a
-command named ``report`` or ``doctor`` goes after ``--``.
+patch target.  ``check`` reads a release (a wheel, an sdist, a source tree, or the
+installed distributions) without installing it, and says which patches it keeps, moves
+or breaks (:mod:`._check`).  Anything else is a command for the launcher (:mod:`._launcher`); a
+command named ``report``, ``doctor`` or ``check`` goes after ``--``.
 """
 
 import sys
@@ -66,6 +69,10 @@ def main(argv: "list[str] | None" = None) -> int:
         from . import _doctor
 
         return _doctor.main(args[1:])
+    if args and args[0] == "check":
+        from . import _check
+
+        return _check.main(args[1:])
     from . import _launcher
 
     return _launcher.main(args)

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from . import __version__, _env
+from . import __version__, _env, _source
 from ._errors import ConfigError
 from ._spec import PatchSpec
 
@@ -90,68 +90,14 @@ def _in_range(installed: str, versions: str) -> bool:
 
 def _ships_module(distribution: str, module: str) -> bool:
     """Whether the installed ``distribution`` has ``module``'s file (read from its RECORD, not imported)."""
-    try:
-        files = metadata.files(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    if files is None:
-        return True  # no RECORD: cannot tell, assume it does
-    stem = module.replace(".", "/")
-    wanted = {f"{stem}.py", f"{stem}/__init__.py"}
-    return any(str(f) in wanted for f in files)
+    artifact = _source.installed(distribution)
+    return artifact is not None and artifact.has_module(module)
 
 
 def _module_source(distribution: str, module: str) -> str | None:
     """The installed source of ``module`` from ``distribution``'s files, or None (not there, unreadable)."""
-    try:
-        files = metadata.files(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-    stem = module.replace(".", "/")
-    wanted = {f"{stem}.py", f"{stem}/__init__.py"}
-    for f in files or ():
-        if str(f) in wanted:
-            try:
-                return f.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                return None
-    return None
-
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-#: Calls that can bind module globals no statement names.
-_DYNAMIC = frozenset({"globals", "exec"})
-
-
-def _module_names(tree: ast.Module) -> set[str] | None:
-    """The names a module binds at its top level (in top-level ``if``/``try`` blocks too), or None
-    when they cannot be read off (a star import, a module ``__getattr__``, ``globals()`` or ``exec``)."""
-    if any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DYNAMIC
-        for n in ast.walk(tree)
-    ):
-        return None
-    names: set[str] = set()
-    todo: list[ast.AST] = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name == "*":
-                    return None
-                bound = alias.asname or alias.name
-                names.add(bound.split(".")[0] if isinstance(node, ast.Import) else bound)
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        if not isinstance(node, _SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-    return None if "__getattr__" in names else names
+    artifact = _source.installed(distribution)
+    return None if artifact is None else artifact.source(module)
 
 
 #: Replacements that swap a module global for a view of it, and the one attribute of that global
@@ -172,7 +118,7 @@ def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
     except (SyntaxError, ValueError):
         return None
     name = spec.attr_path[0]
-    names = _module_names(tree)
+    names = _source.module_names(tree)
     if names is not None and name not in names:
         return f"its {spec.module} has no {name}"
     attribute = _VIEWS.get(spec.replacement or "")

@@ -1,4 +1,4 @@
-"""``doctor`` on the pinned stacks (``stacks/*.txt``): every one of them is a supported setup -- stack a's
+"""``doctor`` on the pinned stacks (``npu_compat/stacks/*.txt``): every one of them is a supported setup -- stack a's
 whole ``trinity run`` finishes on the simulated Ascend -- so doctor may not warn about it, nor note that a
 version of it is unsupported.
 
@@ -41,8 +41,8 @@ def _installed(dist: str) -> str | None:
 
 
 def _this_stack() -> str | None:
-    """The file in ``stacks/`` whose pins of the target distributions are what is installed here."""
-    for path in sorted((REPO / "stacks").glob("*.txt")):
+    """The file in ``npu_compat/stacks/`` whose pins of the target distributions are what is installed here."""
+    for path in sorted((REPO / "npu_compat" / "stacks").glob("*.txt")):
         pins = _pins(path)
         if all(pins.get(d) == _installed(d) for d in TARGETS):
             return path.name
@@ -56,7 +56,7 @@ STACK = _this_stack()
 def doctor(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
     """``doctor --json`` on this stack, on a CPU host and on a healthy (simulated) Ascend host."""
     if STACK is None:
-        pytest.skip("the installed packages are none of stacks/*.txt (run in a stack session)")
+        pytest.skip("the installed packages are none of npu_compat/stacks/*.txt (run in a stack session)")
     if not pth_installed():
         pytest.skip("npu-compat is not installed in this environment (the stack sessions install it)")
     extra = {"HOME": str(tmp_path)}  # no Ray token left by another run: not this stack's concern
