@@ -98,3 +98,32 @@ def test_device_literals_refuses_what_it_cannot_rewrite() -> None:
         npu_literals(no_device)
     with pytest.raises(TypeError, match="plain function"):
         npu_literals(len)
+
+
+def test_the_backend_translation_passes_the_callers_timeout_and_options_through_unchanged() -> None:
+    """HCCL honours the group's ``timeout`` (as ``HCCL_EXEC_TIMEOUT``): npu-compat may change the
+    backend and the device, and nothing else -- the very objects the caller gave, positional or not."""
+    from npu_compat.patches.torch_distributed import init_process_group, new_group
+
+    timeout, options, store = object(), object(), object()
+    seen: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def real(*args: object, **kwargs: object) -> str:
+        seen.append((args, kwargs))
+        return "group"
+
+    given = ("nccl", "tcp://h:1", timeout, 2, 0, store, "g", options, "cuda:1")
+    assert init_process_group(real, None, given, {}) == "group"
+    args, kwargs = seen[-1]
+    assert args[0] == "hccl" and args[8] == "npu:1" and kwargs == {}
+    assert all(a is b for a, b in zip(args[1:8], given[1:8], strict=True))
+    init_process_group(
+        real, None, (), {"backend": "cpu:gloo,cuda:nccl", "timeout": timeout, "pg_options": options}
+    )
+    args, kwargs = seen[-1]
+    assert args == () and kwargs["backend"] == "cpu:gloo,npu:hccl"
+    assert kwargs["timeout"] is timeout and kwargs["pg_options"] is options
+    new_group(real, None, ([0, 1], timeout, "nccl", options), {"device_id": "cuda:0"})
+    args, kwargs = seen[-1]
+    assert args[0] == [0, 1] and args[1] is timeout and args[2] == "hccl" and args[3] is options
+    assert kwargs == {"device_id": "npu:0"}

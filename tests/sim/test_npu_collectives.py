@@ -73,3 +73,72 @@ def test_hccl_collectives_on_npu_tensors_equal_gloo_on_cpu() -> None:
     assert outs[0]["npu"]["reduce_scatter_tensor"][1] == [1.0, 3.0, 5.0]
     assert outs[1]["npu"]["all_to_all_single"][1] == [2.0, 3.0, 12.0, 13.0]
     assert outs[1]["npu"]["p2p"][1] == [3.0, 1.0, 4.0]
+
+
+TIMEOUT_SCRIPT = """
+import datetime, json, os, sys, time
+import npu_compat
+npu_compat.activate()
+import torch, torch.distributed as dist
+rank = int(sys.argv[1])
+torch.npu.set_device(rank)
+# upstream's names: npu-compat turns nccl into hccl, and must keep each group's timeout
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=4))
+side = dist.new_group(backend="nccl", timeout=datetime.timedelta(seconds=2))
+dist.barrier()
+if rank == 1:  # alive, and never joins again: only the group's timeout can end rank 0's wait
+    time.sleep(300)
+    os._exit(0)
+out = {"backends": [dist.get_backend(), dist.get_backend(side)]}
+for name, group in (("default", None), ("side", side)):
+    x = torch.ones(4, device="npu")
+    started = time.monotonic()
+    try:
+        dist.broadcast(x, src=1, group=group)
+        out[name] = ["returned", time.monotonic() - started, ""]
+    except Exception as exc:
+        out[name] = [type(exc).__name__, time.monotonic() - started, str(exc)[:300]]
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+@needs_backend
+@pytest.mark.usefixtures("npu_backend_built")
+def test_a_collective_whose_peer_never_joins_raises_at_the_groups_timeout() -> None:
+    """HCCL ends a collective that waits past ``HCCL_EXEC_TIMEOUT``; the simulated ``hccl`` ends it at
+    the process group's ``timeout``, which npu-compat carries through from upstream's ``nccl`` call."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, free_port
+
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TIMEOUT_SCRIPT, str(rank), port],
+            env=child_env(),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        stdout, stderr = procs[0].communicate(timeout=180)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    assert procs[0].returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["backends"] == ["hccl", "hccl"]
+    for name, timeout in (("default", 4), ("side", 2)):
+        kind, waited, message = out[name]
+        assert kind != "returned", out
+        # at the timeout, not before it, and within a margin of 8 s (two loaded cores) after it
+        assert timeout - 0.5 <= waited <= timeout + 8, (name, waited, message)
+        assert "timed out" in message.lower() or "timeout" in message.lower(), message
