@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SIM_PATH, run_py
-from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION, sim_env
+from tests.sim.npu_backend import vllm_engine_run
+from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
 
 pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
@@ -188,9 +188,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def engine(adapters: dict[str, str]) -> dict[str, Any]:
     args = json.dumps({"paths": adapters, "prompts": PROMPTS, "tokens": TOKENS})
-    proc = run_py(
-        f"ARGS = {args!r}\n{ENGINE}", env=sim_env(VLLM_ASCEND_ENABLE_NZ="0"), pythonpath=SIM_PATH, timeout=900
-    )
+    proc = vllm_engine_run(f"ARGS = {args!r}\n{ENGINE}", timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result: dict[str, Any] = json.loads(lines[-1])
