@@ -14,7 +14,7 @@ exits with 2.
 A version outside a patch's range is only reported when the installed files still hold
 what that patch changes (read from the distribution's files, never imported): a module,
 a name the patch replaces, or the ``torch.cuda`` a view of torch redirects.  A whole
-distribution outside every range is not reported when :data:`SERVED_ELSEWHERE` says,
+distribution outside every range is not reported when :data:`npu_compat._upstream.SERVED_ELSEWHERE` says,
 and this environment confirms, that the code its patches change is gone from that
 version and other patches serve what it did.
 """
@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from . import __version__, _env, _source
+from . import __version__, _env, _source, _upstream
 from ._errors import ConfigError
 from ._spec import PatchSpec
 
@@ -100,11 +100,6 @@ def _module_source(distribution: str, module: str) -> str | None:
     return None if artifact is None else artifact.source(module)
 
 
-#: Replacements that swap a module global for a view of it, and the one attribute of that global
-#: the view answers differently: a module that never names ``<global>.<attribute>`` is not changed.
-_VIEWS = {"npu_compat.patches.torch_view:torch_for_npu": "cuda"}
-
-
 def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
     """Why ``spec.distribution`` ``version`` (installed) holds nothing for ``spec`` to change, read from
     its installed files; None when it does, or when that cannot be told."""
@@ -121,7 +116,7 @@ def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
     names = _source.module_names(tree)
     if names is not None and name not in names:
         return f"its {spec.module} has no {name}"
-    attribute = _VIEWS.get(spec.replacement or "")
+    attribute = _upstream.VIEWS.get(spec.replacement or "")
     if attribute is not None and not any(
         isinstance(n, ast.Attribute)
         and n.attr == attribute
@@ -133,40 +128,9 @@ def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ServedElsewhere:
-    """Versions of a distribution outside every range its patches support that need none of them: the
-    code those patches change is gone from these versions, and other patches serve what it did.
-
-    Believed only when this environment confirms it: no module of ``gone`` is in the installed
-    distribution's files, and every patch of ``served_by`` exists and supports the installed version
-    of its own distribution."""
-
-    distribution: str
-    versions: str
-    gone: tuple[str, ...]
-    served_by: tuple[str, ...]
-    how: str
-
-
-#: What serves the versions that no patch's range covers, checked by a whole run on that stack.
-SERVED_ELSEWHERE: tuple[ServedElsewhere, ...] = (
-    ServedElsewhere(
-        "verl",
-        ">=0.8,<0.9",  # 0.8.0: stack a, whose whole `trinity run` finishes on the simulated Ascend
-        gone=("verl.workers.actor.dp_actor",),
-        served_by=("trinity.verl.config.torch_compile",),
-        how="verl 0.8 has no DataParallelPPOActor (what verl.dp_actor.torch_compile patches): trinity-rft "
-        "0.6 trains on it through its engine path (trinity.trainer.verl), whose FSDP engine compiles "
-        "entropy_from_logits as the actor config's fsdp_config.use_torch_compile says, and "
-        "trinity.verl.config.torch_compile turns that off",
-    ),
-)
-
-
 def _served_elsewhere(
-    dist: str, version: str, specs: tuple[PatchSpec, ...], served: tuple[ServedElsewhere, ...]
-) -> tuple[ServedElsewhere | None, str | None]:
+    dist: str, version: str, specs: tuple[PatchSpec, ...], served: tuple[_upstream.ServedElsewhere, ...]
+) -> tuple[_upstream.ServedElsewhere | None, str | None]:
     """The declaration that serves ``dist`` ``version`` here, or None and why a declaration does not hold."""
     by_id = {s.id: s for s in specs}
     why_not = None
@@ -193,7 +157,7 @@ def check_targets(
     d: Diagnosis,
     specs: tuple[PatchSpec, ...],
     decision: _env.Decision | None,
-    served: tuple[ServedElsewhere, ...] = SERVED_ELSEWHERE,
+    served: tuple[_upstream.ServedElsewhere, ...] = _upstream.SERVED_ELSEWHERE,
 ) -> dict[str, str | None]:
     by_dist: dict[str, list[str]] = {}
     for spec in specs:
@@ -562,6 +526,20 @@ def check_reports(d: Diagnosis, directory: str) -> None:
 # -- output ---------------------------------------------------------------------------------------
 
 
+def check_contracts(d: Diagnosis, installed: dict[str, str | None]) -> None:
+    """An installed pair of upstream releases that cannot run together on any device
+    (:data:`npu_compat._upstream.CONTRACTS`): an error, naming the pair and the fix."""
+    from . import _check
+
+    partners = {_source.normalize(k): v for k, v in installed.items()}
+    for contract in _upstream.CONTRACTS:
+        artifact = _source.installed(contract.distribution)
+        if artifact is None or partners.get(_source.normalize(contract.needed_by)) is None:
+            continue
+        for row in _check.broken_contracts(artifact, partners):
+            d.add("error", row.detail)
+
+
 def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) -> Diagnosis:
     from ._catalog import SPECS
 
@@ -571,6 +549,7 @@ def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) 
     d.sections["python"] = f"{sys.version.split()[0]} ({sys.executable})"
     decision = check_decision(d, env)
     installed = check_targets(d, SPECS, decision)
+    check_contracts(d, installed)
     check_plans(d, SPECS, installed, decision, env)
     check_activation(d, decision, env)
     check_seams(d, decision, env)

@@ -181,6 +181,49 @@ def test_the_requirements_no_stack_satisfies_are_named(tmp_path: Path) -> None:
     ]
 
 
+VERL_CONFIG = (
+    "import collections\nfrom dataclasses import dataclass, field\n"
+    "class BaseConfig(collections.abc.Mapping):\n    pass\n"
+    "@dataclass\nclass CheckpointConfig(BaseConfig):\n    save_contents: list = None\n{extra}"
+)
+
+
+@pytest.mark.parametrize("accepts", [True, False])
+def test_a_release_that_breaks_an_upstream_pair_on_every_device_is_broken_naming_the_pair(
+    accepts: bool, tmp_path: Path
+) -> None:
+    """verl 0.9's CheckpointConfig lost ``mbridge_config``, which Trinity 0.6 always passes: checked beside
+    that trinity-rft, the verl release is ``broken`` (exit 1) with the pair, the cause and the fix."""
+    extra = "    mbridge_config: dict = None\n" if accepts else ""
+    verl = make(
+        "wheel",
+        tmp_path,
+        {"verl/__init__.py": "", "verl/trainer/config/config.py": VERL_CONFIG.format(extra=extra)},
+        version="0.9.1",
+        name="verl",
+    )
+    trinity = make("wheel", tmp_path, {"trinity/__init__.py": ""}, version="0.6.0", name="trinity-rft")
+    proc = _cli(str(verl), str(trinity), "--json")
+    rows = [r for a in json.loads(proc.stdout)["artifacts"] for r in a["rows"] if "mbridge" in r["patch"]]
+    if accepts:
+        assert rows == []
+        return
+    assert proc.returncode == 1
+    assert [r["verdict"] for r in rows] == ["broken"]
+    assert rows[0]["detail"].startswith(
+        "trinity-rft 0.6.0 cannot run on verl 0.9.1 on any device: "
+        "verl.trainer.config.config:CheckpointConfig has no mbridge_config"
+    )
+    assert "Fix: install verl 0.8.0" in rows[0]["detail"]
+    # a trinity-rft outside the pair's range: nothing to say
+    (tmp_path / "later").mkdir()
+    later = make(
+        "wheel", tmp_path / "later", {"trinity/__init__.py": ""}, version="0.7.0", name="trinity-rft"
+    )
+    proc = _cli(str(verl), str(later), "--json")
+    assert not [r for a in json.loads(proc.stdout)["artifacts"] for r in a["rows"] if "mbridge" in r["patch"]]
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run([sys.executable, "-m", "npu_compat", "check", *args], child_env(), check=False)
 
@@ -221,6 +264,13 @@ def _installed_or_skip(dist: str) -> importlib.metadata.Distribution:
 @pytest.mark.uses_verl  # the verdict on verl's patch turns on the stack's verl (stack-b differs in it alone)
 def test_the_installed_stack_is_ok_everywhere_in_range() -> None:
     _installed_or_skip("trinity-rft")
+    verl = _source.installed("verl")
+    if verl is not None and _check.broken_contracts(
+        verl, {"trinity-rft": importlib.metadata.version("trinity-rft")}
+    ):
+        pytest.skip(
+            "this stack is a pair broken on every device (stack d): tests/upstream/test_trinity_verl_pair.py"
+        )
     proc = _cli("--json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["ok"], proc.stdout

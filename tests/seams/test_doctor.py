@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import PatchSpec, _doctor, _env
+from npu_compat import PatchSpec, _doctor, _env, _upstream
 
 from .conftest import child_env, last_json, py, run
 
@@ -304,7 +304,7 @@ def test_a_distribution_outside_every_range_is_served_elsewhere_only_where_this_
     fix = PatchSpec("y.fix", "ypkg.m:g", distribution="ypkg", versions=fix_versions, why="t", wrapper="a:b")
     specs = (_x("x.old", "xpkg.old:f"), fix)
     served = (
-        _doctor.ServedElsewhere("xpkg", ">=9,<10", gone, ("y.fix",), "xpkg 9 has no old; y.fix serves it"),
+        _upstream.ServedElsewhere("xpkg", ">=9,<10", gone, ("y.fix",), "xpkg 9 has no old; y.fix serves it"),
     )
     d = _doctor.Diagnosis()
     _doctor.check_targets(d, specs, _env.Decision("npu", "test"), served=served)
