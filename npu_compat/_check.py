@@ -314,13 +314,7 @@ def match(spec: PatchSpec, reader: _Reader) -> _Found:
     if view is not None:
         tree = reader.tree(spec.module)
         name = spec.attr_path[0]
-        if tree is not None and not any(
-            isinstance(n, ast.Attribute)
-            and n.attr == view
-            and isinstance(n.value, ast.Name)
-            and n.value.id == name
-            for n in ast.walk(tree)
-        ):
+        if tree is not None and not _source.uses_attribute(tree, name, view):
             return _Found("changed", f"{spec.module} never uses {name}.{view}: nothing to redirect")
     return found
 

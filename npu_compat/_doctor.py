@@ -117,13 +117,7 @@ def nothing_to_patch(spec: PatchSpec, version: str) -> str | None:
     if names is not None and name not in names:
         return f"its {spec.module} has no {name}"
     attribute = _upstream.VIEWS.get(spec.replacement or "")
-    if attribute is not None and not any(
-        isinstance(n, ast.Attribute)
-        and n.attr == attribute
-        and isinstance(n.value, ast.Name)
-        and n.value.id == name
-        for n in ast.walk(tree)
-    ):
+    if attribute is not None and not _source.uses_attribute(tree, name, attribute):
         return f"its {spec.module} never uses {name}.{attribute}"
     return None
 

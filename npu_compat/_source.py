@@ -271,6 +271,17 @@ def module_names(tree: ast.Module) -> set[str] | None:
     return None if "__getattr__" in names else names
 
 
+def uses_attribute(tree: ast.AST, name: str, attribute: str) -> bool:
+    """Whether ``tree`` names ``<name>.<attribute>`` anywhere (``torch.cuda`` in a module)."""
+    return any(
+        isinstance(n, ast.Attribute)
+        and n.attr == attribute
+        and isinstance(n.value, ast.Name)
+        and n.value.id == name
+        for n in ast.walk(tree)
+    )
+
+
 def bindings(body: list[ast.stmt]) -> dict[str, list[ast.AST]]:
     """The statements of ``body`` (a module's or a class's) that bind each name, in order, looking
     into ``if``/``try``/``with`` blocks but not into functions: a ``def``/``class`` node, an
