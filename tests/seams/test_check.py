@@ -305,17 +305,17 @@ def test_a_renamed_target_in_a_copied_trinity_wheel_is_broken_and_exit_1(tmp_pat
     proc = _cli(str(same))
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout
-    edit = ("trinity/common/models/vllm_worker.py", "class TrinityGPUWorker(", "class TrinityNPUWorker(")
+    # a target of both Trinity releases (0.5.2 and 0.6.0), renamed
+    edit = ("trinity/utils/distributed.py", "def init_process_group(", "def init_process_groups(")
     renamed = tmp_path / "renamed"
     renamed.mkdir()
     proc = _cli(str(_copy_of_installed("trinity-rft", renamed, edit)))
     assert proc.returncode == 1
-    line = next(i for i, text in enumerate(proc.stdout.splitlines()) if "trinity.vllm.worker_cls" in text)
     shown = proc.stdout.splitlines()
+    line = next(i for i, text in enumerate(shown) if "trinity.distributed.init_process_group " in text)
     assert shown[line].split()[0] == "broken"
     assert (
-        "trinity.common.models.vllm_worker has no TrinityGPUWorker (close: TrinityNPUWorker"
-        in shown[line + 1]
+        "trinity.utils.distributed has no init_process_group (close: init_process_groups" in shown[line + 1]
     )
     print(f"check of a copy of the installed trinity-rft: {took:.2f} s (the goal: under 5 s)")
 
