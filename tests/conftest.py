@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,27 @@ DECISION_VARS = (
     "ASCEND_TOOLKIT_HOME",
     "ASCEND_HOME_PATH",
 )
+
+
+def upstream_versions(*distributions: str) -> tuple[str, ...]:
+    """The installed versions of ``distributions``; where one is missing, a skip of the calling module
+    (call it at a test module's top level) naming them."""
+    try:
+        return tuple(metadata.version(d) for d in distributions)
+    except metadata.PackageNotFoundError:
+        pytest.skip(
+            f"needs {' and '.join(distributions)} (installed by the upstream stack sessions)",
+            allow_module_level=True,
+        )
+
+
+def trinity_or_skip(releases: tuple[str, ...], what: str) -> str:
+    """The installed trinity-rft's version where it starts with one of ``releases``; else a skip of the
+    calling module saying ``what`` is checked with and what was found."""
+    (trinity,) = upstream_versions("trinity-rft")
+    if not trinity.startswith(releases):
+        pytest.skip(f"{what}, found {trinity}", allow_module_level=True)
+    return trinity
 
 
 def clean_env(extra: dict[str, str] | None = None, pythonpath: list[str] | None = None) -> dict[str, str]:

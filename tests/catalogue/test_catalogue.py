@@ -14,7 +14,6 @@ Each mode runs every probe of the stack in one fresh interpreter (see ``probes.p
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import subprocess
 import sys
@@ -24,18 +23,13 @@ import pytest
 
 from npu_compat.testing import simulation_env
 from tests.catalogue.rows import Row, applicable
-from tests.conftest import REPO, SIM_PATH, clean_env
+from tests.conftest import REPO, SIM_PATH, clean_env, upstream_versions
 
 #: exercises verl: stack-b (stack-a with another verl) runs it; its probe runs, each a Ray driver
 #: with its actors, run with no other test beside them (noxfile)
 pytestmark = [pytest.mark.uses_verl, pytest.mark.many_processes]
 
-try:
-    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
-except md.PackageNotFoundError:
-    pytest.skip(
-        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
-    )
+TRINITY, VERL = upstream_versions("trinity-rft", "verl")
 
 ROWS = applicable(TRINITY, VERL)
 # "stock" switches npu-compat off explicitly: an installed npu-compat auto-activates in every

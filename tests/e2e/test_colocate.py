@@ -24,7 +24,6 @@ without the rollout ever sleeping (tests/e2e/FINDINGS.md, "Colocate").
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import re
 from pathlib import Path
@@ -32,16 +31,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith("0.6."):
-    pytest.skip(
-        f"colocate is checked with trinity-rft 0.6 (stacks a, b), found {TRINITY}", allow_module_level=True
-    )
+TRINITY = trinity_or_skip(("0.6.",), "colocate is checked with trinity-rft 0.6 (stacks a, b)")
 
 #: each is a whole run (a Ray cluster of some 20 processes), and CI has no time for more of them
 pytestmark = [pytest.mark.many_processes, pytest.mark.beyond_ci]

@@ -12,7 +12,6 @@ compares with the digest of the adapter file on disk.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import re
 import threading
@@ -21,16 +20,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith("0.6."):
-    pytest.skip(
-        f"LoRA is checked with trinity-rft 0.6 (stacks a, b), found {TRINITY}", allow_module_level=True
-    )
+TRINITY = trinity_or_skip(("0.6.",), "LoRA is checked with trinity-rft 0.6 (stacks a, b)")
 
 #: a Ray cluster of some 25 processes: it runs with no other test beside it (noxfile); 8-10 minutes here
 pytestmark = [pytest.mark.many_processes, pytest.mark.beyond_ci]

@@ -14,7 +14,6 @@ exists (tests/e2e/FINDINGS.md, "OpenAI API server").
 from __future__ import annotations
 
 import ast
-import importlib.metadata as md
 import json
 import re
 from collections import defaultdict
@@ -23,14 +22,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith("0.6."):
-    pytest.skip(f"Trinity 0.6's OpenAI API server and history, found {TRINITY}", allow_module_level=True)
+TRINITY = trinity_or_skip(("0.6.",), "Trinity 0.6's OpenAI API server and history")
 
 #: a run is a Ray cluster of some 25 processes: 8-9 minutes on a shared 2-core machine
 pytestmark = [pytest.mark.many_processes, pytest.mark.beyond_ci]

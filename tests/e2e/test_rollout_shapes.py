@@ -8,7 +8,6 @@ digests both sides log (``npu_compat.testing._digest``).
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import re
 from pathlib import Path
@@ -16,16 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith("0.6."):
-    pytest.skip(
-        f"the shapes are checked with trinity-rft 0.6 (stacks a, b), found {TRINITY}", allow_module_level=True
-    )
+TRINITY = trinity_or_skip(("0.6.",), "the shapes are checked with trinity-rft 0.6 (stacks a, b)")
 
 #: each run is a Ray cluster of some 30 processes: it runs with no other test beside it (noxfile)
 pytestmark = pytest.mark.many_processes

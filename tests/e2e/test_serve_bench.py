@@ -8,20 +8,15 @@ server and serves until stopped.  Both on the simulated 2-NPU Ascend cluster (``
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario, serve_bench
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith("0.6."):
-    pytest.skip(f"Trinity 0.6's bench and serve modes, found {TRINITY}", allow_module_level=True)
+TRINITY = trinity_or_skip(("0.6.",), "Trinity 0.6's bench and serve modes")
 
 #: each run is a Ray cluster of some 10-25 processes: several minutes on a shared 2-core machine
 pytestmark = [pytest.mark.many_processes, pytest.mark.beyond_ci]

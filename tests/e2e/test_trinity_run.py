@@ -19,14 +19,10 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
+from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
-try:
-    TRINITY = md.version("trinity-rft")
-except md.PackageNotFoundError:
-    pytest.skip("needs trinity-rft (installed by the upstream stack sessions)", allow_module_level=True)
-if not TRINITY.startswith(("0.5.", "0.6.")):
-    pytest.skip(f"the bundled config is for trinity-rft 0.5/0.6, found {TRINITY}", allow_module_level=True)
+TRINITY = trinity_or_skip(("0.5.", "0.6."), "the bundled config is for trinity-rft 0.5/0.6")
 
 #: a run is a Ray cluster of some 25 processes: it runs with no other test beside it (noxfile)
 pytestmark = pytest.mark.many_processes

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 from typing import Any
 
 import pytest
 
 from npu_compat.testing import simulation_env
-from tests.conftest import SIM_PATH, last_json, run_py
+from tests.conftest import SIM_PATH, last_json, run_py, upstream_versions
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
 
-try:
-    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
-except md.PackageNotFoundError:
-    pytest.skip(
-        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
-    )
+TRINITY, VERL = upstream_versions("trinity-rft", "verl")
 
 if TRINITY.startswith("0.5."):
     MODULE = "trinity.trainer.verl.verl_config"

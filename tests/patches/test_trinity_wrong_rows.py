@@ -21,7 +21,6 @@ estimate, a fourth on an NPU decision with ``PYTORCH_NPU_ALLOC_CONF`` set.
 from __future__ import annotations
 
 import functools
-import importlib.metadata as md
 import json
 import tempfile
 from typing import Any
@@ -30,17 +29,12 @@ import pytest
 
 from npu_compat.patches.trinity_devices import CUDA_ADVICE, NPU_ADVICE
 from npu_compat.testing import simulation_env
-from tests.conftest import SIM_PATH, last_json, run_py
+from tests.conftest import SIM_PATH, last_json, run_py, upstream_versions
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
 
-try:
-    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
-except md.PackageNotFoundError:
-    pytest.skip(
-        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
-    )
+TRINITY, VERL = upstream_versions("trinity-rft", "verl")
 if not TRINITY.startswith(("0.5.", "0.6.")):
     pytest.skip(f"the rows are trinity-rft 0.5's and 0.6's; {TRINITY} is installed", allow_module_level=True)
 

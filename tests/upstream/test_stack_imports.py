@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
-
 import pytest
 
-from tests.conftest import run_py
+from tests.conftest import run_py, upstream_versions
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
 
-try:
-    TRINITY, VERL = md.version("trinity-rft"), md.version("verl")
-except md.PackageNotFoundError:
-    pytest.skip(
-        "needs trinity-rft and verl (installed by the upstream stack sessions)", allow_module_level=True
-    )
+TRINITY, VERL = upstream_versions("trinity-rft", "verl")
 
 COMMON = [
     "vllm",
