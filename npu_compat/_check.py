@@ -43,12 +43,11 @@ from pathlib import Path
 from . import _source
 from ._spec import PatchSpec
 from ._upstream import CONTRACTS, SERVED_ELSEWHERE, VIEWS
-from ._versions import version_in_range
+from ._versions import installed_version, version_in_range
 
 #: The stacks npu-compat is tested on, one pin list each (package data).
 STACKS_DIR = Path(__file__).resolve().with_name("stacks")
 
-VERDICTS = ("ok", "out of range, still matches", "out of range", "moved", "broken")
 FAILING = ("moved", "broken")
 
 
@@ -483,8 +482,7 @@ def main(argv: list[str]) -> int:
     # the releases a contract's partner may be: those checked together, else the installed ones
     partners: dict[str, str | None] = {}
     for contract in CONTRACTS:
-        installed = _source.installed(contract.needed_by)
-        partners[_source.normalize(contract.needed_by)] = installed.version if installed else None
+        partners[_source.normalize(contract.needed_by)] = installed_version(contract.needed_by)
     partners.update({a.key: a.version for a in artifacts})
     results = [check_artifact(a, SPECS, pins, partners) for a in artifacts]
     if args.json:

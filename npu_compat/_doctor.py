@@ -32,6 +32,7 @@ from importlib import metadata
 from . import __version__, _env, _source, _upstream
 from ._errors import ConfigError
 from ._spec import PatchSpec
+from ._versions import installed_version as _installed
 
 OUT_OF_SCOPE = (
     "SGLang, Megatron and `trinity perf` (NVML) are out of scope: npu-compat does not patch them, "
@@ -73,13 +74,6 @@ def check_decision(d: Diagnosis, environ: dict[str, str]) -> _env.Decision | Non
 
 
 # -- versions and patch plans ---------------------------------------------------------------
-
-
-def _installed(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _in_range(installed: str, versions: str) -> bool:
