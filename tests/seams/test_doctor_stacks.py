@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, child_env, pth_installed, run
+from npu_compat import _check
+from npu_compat._versions import installed_version
+
+from .conftest import child_env, pth_installed, run
 
 # doctor's verdict on a stack turns on its verl (0.8.0 in stack a, 0.7.1 in b and c): stack-b runs it too
 pytestmark = pytest.mark.uses_verl
@@ -24,28 +26,13 @@ pytestmark = pytest.mark.uses_verl
 TARGETS = ("trinity-rft", "verl", "vllm", "ray", "torch")
 
 
-def _pins(path: Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        if "==" in line and not line.lstrip().startswith("#"):
-            name, version = line.split("==", 1)
-            pins[name.strip().lower()] = version.strip()
-    return pins
-
-
-def _installed(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _this_stack() -> str | None:
-    """The file in ``npu_compat/stacks/`` whose pins of the target distributions are what is installed here."""
-    for path in sorted((REPO / "npu_compat" / "stacks").glob("*.txt")):
-        pins = _pins(path)
-        if all(pins.get(d) == _installed(d) for d in TARGETS):
-            return path.name
+    """The pin list in ``npu_compat/stacks/`` whose pins of the target distributions are what is installed here."""
+    pins = _check.stack_pins()
+    stacks = sorted({stack for versions in pins.values() for stack in versions})
+    for stack in stacks:
+        if all(pins.get(d, {}).get(stack) == installed_version(d) for d in TARGETS):
+            return f"{stack}.txt"
     return None
 
 
@@ -78,7 +65,7 @@ def test_doctor_neither_warns_nor_calls_a_version_of_a_supported_stack_unsupport
     loud = [f for f in findings if f["level"] != "note"]
     assert loud == [], (STACK, loud)
     # no note names an installed target distribution at its version ("verl 0.8.0 is outside ...")
-    named = [f"{d} {_installed(d)}" for d in TARGETS]
+    named = [f"{d} {installed_version(d)}" for d in TARGETS]
     about_versions = [f["message"] for f in findings if any(n in f["message"] for n in named)]
     assert about_versions == [], (STACK, about_versions)
 
