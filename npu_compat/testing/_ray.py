@@ -89,7 +89,40 @@ def cluster_auth_env(temp_dir: Path) -> dict[str, str]:
     return {_env.RAY_AUTH_MODE: "token", _env.RAY_AUTH_TOKEN_PATH: str(token_file)}
 
 
+#: Linux's ephemeral range where its own setting cannot be read (``net.ipv4.ip_local_port_range``).
+_EPHEMERAL_DEFAULT = (32768, 60999)
+#: Below it, Ray's own fixed ports end here (its workers take 10002-19999 by default).
+_FIXED_PORTS_END = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_DEFAULT[0]
+
+
 def _free_port() -> int:
+    """A port on 127.0.0.1 that is free now and stays free until its user binds it.
+
+    A port that ``bind(("", 0))`` hands out comes from the kernel's ephemeral range, which every
+    outbound connection of every process draws from too: on a busy host another process can take it
+    in the seconds before a store or a GCS binds it (``EADDRINUSE``), or, worse, listen on it so that
+    a rank meets another run's store.  So the port is drawn at random between Ray's fixed ports and
+    the ephemeral range, where only a process that asks for that very port can take it; the
+    ephemeral way where that range is too narrow.
+    """
+    low = _ephemeral_low()
+    if low - _FIXED_PORTS_END >= 1000:
+        draw = secrets.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(_FIXED_PORTS_END, low)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

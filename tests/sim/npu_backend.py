@@ -10,7 +10,7 @@ import pytest
 
 from npu_compat.testing import simulation_env
 from npu_compat.testing._npu_backend import missing_tools
-from tests.conftest import SIM_PATH, clean_env, last_json, run_py
+from tests.conftest import SIM_PATH, clean_env, free_port, last_json, run_py
 
 MISSING = missing_tools()
 
@@ -42,9 +42,13 @@ def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) ->
     return last_json(sim_run(code, timeout, devices, **extra))
 
 
-#: A port vLLM picked (bound and released) that another process took before vLLM bound it again:
-#: vLLM's own race (``get_open_port``), which the stack sessions' second worker can meet.
+#: The port the child was given, bound by another process before the child's worker bound it: rare
+#: now that it is drawn outside the ephemeral range (``free_port``), but not impossible.
 _PORT_TAKEN = ("EADDRINUSE", "Address already in use")
+
+
+#: What a process that died without a Python exception leaves in the output (with faulthandler on).
+_DEATHS = ("Fatal Python error", "died unexpectedly", "Killed", "Segmentation fault", "Bus error")
 
 
 def engine_failure(output: str) -> str:
@@ -57,6 +61,10 @@ def engine_failure(output: str) -> str:
             tail = [x for x in lines[i + 1 : i + 80] if "(Worker" in x or "Worker_" in x]
             errors = [x for x in tail if "Error" in x or "Exception" in x]
             return (errors[-1] if errors else line).strip()
+    # a worker that died without a Python exception: a signal (faulthandler names it), the kernel
+    deaths = [x for x in lines if any(d in x for d in _DEATHS)]
+    if deaths:
+        return deaths[0].strip()
     errors = [
         x
         for x in lines
@@ -69,8 +77,11 @@ def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess
     """Run a script that drives vLLM's engine on a simulated Ascend (the stand-in ``vllm_ascend``, NZ
     off, and ``extra``).  A failure names its root cause first; one retry, said so, only where a port
     vLLM picked was taken before it bound it."""
-    env = sim_env(VLLM_ASCEND_ENABLE_NZ="0", **extra)
     for attempt in (1, 2):
+        # faulthandler: a worker killed by a signal prints where it was, not nothing.  VLLM_PORT: the
+        # executor's store port comes from outside the kernel's ephemeral range (``free_port``), which
+        # the other test worker's connections draw from in the half minute before the worker binds it.
+        env = sim_env(VLLM_ASCEND_ENABLE_NZ="0", PYTHONFAULTHANDLER="1", VLLM_PORT=str(free_port()), **extra)
         proc = run_py(code, env=env, pythonpath=SIM_PATH, timeout=timeout, check=False)
         if proc.returncode == 0:
             return proc

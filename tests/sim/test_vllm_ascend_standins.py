@@ -382,7 +382,7 @@ def test_stand_ins_import_under_the_simulation_installed_as_the_real_wheel() -> 
 
 
 WORKER = """
-import json, os, tempfile
+import json, os, sys, tempfile
 import torch
 from transformers import Qwen2Config
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
@@ -416,6 +416,8 @@ first = NPUWorker(config, local_rank=1, rank=0, distributed_init_method="tcp://1
 from vllm.config import set_current_vllm_config
 with set_current_vllm_config(config):  # as vLLM's WorkerWrapperBase.init_device calls it
     out["init_device_rank0"] = outcome(first.init_device)
+if out["init_device_rank0"] != "ok":  # the failure's own words, not a later one's
+    sys.exit(json.dumps(out))
 out["after_init_device"] = {
     "device": str(first.device), "current": torch.npu.current_device(),
     "backend": dist.get_backend(), "world": dist.get_world_size(), "tp": get_tp_group().world_size,
