@@ -64,16 +64,22 @@ struct DeviceCounters {
 };
 static std::array<DeviceCounters, kMaxDevices> g_counters;
 
-static std::string human(int64_t n) {
-  std::ostringstream s;
-  if (n >= (int64_t(1) << 30)) {
-    s << static_cast<double>(n) / double(int64_t(1) << 30) << " GiB";
-  } else if (n >= (1 << 20)) {
-    s << static_cast<double>(n) / double(1 << 20) << " MiB";
+// torch_npu's format_size (NPUCachingAllocator.cpp): two decimals, the unit by the size.
+static std::string format_size(int64_t n) {
+  const auto size = static_cast<uint64_t>(n < 0 ? 0 : n);
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  if (size <= 1024) {
+    os << size << " bytes";
+  } else if (size <= 1048576) {
+    os << static_cast<double>(size) / 1024.0 << " KiB";
+  } else if (size <= 1073741824ULL) {
+    os << static_cast<double>(size) / 1048576.0 << " MiB";
   } else {
-    s << n << " bytes";
+    os << static_cast<double>(size) / 1073741824.0 << " GiB";
   }
-  return s.str();
+  return os.str();
 }
 
 void reserve(c10::DeviceIndex device, int64_t nbytes) {
@@ -85,15 +91,18 @@ void reserve(c10::DeviceIndex device, int64_t nbytes) {
   if (now > allowed) {
     c.allocated.fetch_sub(nbytes);
     c.ooms.fetch_add(1);
-    std::ostringstream limit;
-    if (allowed < cap) {
-      limit << ", of which this process may use " << human(allowed) << " (set_per_process_memory_fraction("
-            << fraction << "))";
-    }
+    const int64_t before = now - nbytes;
+    // torch_npu's own error, field by field (DeviceCachingAllocator::malloc): with no caching
+    // allocator here, "current active" and "reserved" are what is allocated, and "free" is the
+    // rest of the device.  The simulation's own sentence comes last.
+    const std::string allowed_info = allowed < cap ? format_size(allowed) + " allowed; " : "";
     TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "simulated NPU out of memory: tried to allocate ", human(nbytes), " on npu:",
-        static_cast<int>(device), " (", human(now - nbytes), " already allocated, capacity ", human(cap),
-        limit.str(), "; NPU_COMPAT_SIMULATE_NPU_MEMORY sets it)");
+        OutOfMemoryError, false, "NPU out of memory. Tried to allocate ", format_size(nbytes), " (NPU ",
+        static_cast<int>(device), "; ", format_size(cap), " total capacity; ", format_size(before),
+        " already allocated; ", format_size(before), " current active; ", format_size(cap - before), " free; ",
+        allowed_info, format_size(before), " reserved in total by PyTorch)",
+        " If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.",
+        " (simulated NPU: NPU_COMPAT_SIMULATE_NPU_MEMORY sets its capacity)");
   }
   c.allocations.fetch_add(1);
   c.total_allocations.fetch_add(1);
@@ -187,12 +196,12 @@ struct NpuAllocator final : at::Allocator {
         const int error = errno;
         release(device, static_cast<int64_t>(nbytes));
         TORCH_CHECK_WITH(
-            OutOfMemoryError, false, "simulated npu: the host cannot map ", human(nbytes), " (mmap: ",
+            OutOfMemoryError, false, "simulated npu: the host cannot map ", format_size(nbytes), " (mmap: ",
             std::strerror(error), ")");
       }
     } else if (posix_memalign(&ptr, 64, nbytes) != 0 || ptr == nullptr) {
       release(device, static_cast<int64_t>(nbytes));
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "simulated npu: the host has no ", human(nbytes), " left");
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "simulated npu: the host has no ", format_size(nbytes), " left");
     }
     return {ptr, new Block{ptr, static_cast<int64_t>(nbytes), device, mapped}, &free_block, where};
   }
@@ -251,7 +260,7 @@ struct PinnedAllocator final : at::HostAllocator {
     void* ptr = nullptr;
     TORCH_CHECK_WITH(
         OutOfMemoryError, posix_memalign(&ptr, 64, nbytes) == 0 && ptr != nullptr,
-        "simulated npu: cannot pin ", human(nbytes));
+        "simulated npu: cannot pin ", format_size(nbytes));
     {
       std::lock_guard<std::mutex> lock(g_pinned_mutex);
       g_pinned[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
