@@ -163,6 +163,12 @@ def activate(
         if not decision.is_npu:
             return decision.device
         state.strict = strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
+        problems = _env.value_problems(os.environ)
+        if problems:
+            from ._errors import warn
+
+            for problem in problems:
+                warn(f"npu_compat: {problem}")
         try:
             chosen = None if specs is None else tuple(specs)
             packages = CATALOG_PACKAGES

@@ -73,6 +73,12 @@ def check_decision(d: Diagnosis, environ: dict[str, str]) -> _env.Decision | Non
     return decision
 
 
+def check_variables(d: Diagnosis, environ: dict[str, str]) -> None:
+    """Our variables' values and names (``_env.value_problems``): each wrong one a warning."""
+    for problem in _env.value_problems(environ):
+        d.add("warning", problem)
+
+
 # -- versions and patch plans ---------------------------------------------------------------
 
 
@@ -536,6 +542,7 @@ def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) 
     d.sections["npu_compat"] = __version__
     d.sections["python"] = f"{sys.version.split()[0]} ({sys.executable})"
     decision = check_decision(d, env)
+    check_variables(d, env)
     installed = check_targets(d, SPECS, decision)
     check_contracts(d, installed)
     check_plans(d, SPECS, installed, decision, env)

@@ -129,6 +129,72 @@ def is_false(value: "str | None") -> bool:
     return value is not None and value.strip().lower() in FALSE_VALUES
 
 
+_SIZE_UNITS = {
+    **dict.fromkeys(("", "b"), 1),
+    **dict.fromkeys(("k", "kib"), 1 << 10),
+    **dict.fromkeys(("m", "mib"), 1 << 20),
+    **dict.fromkeys(("g", "gib"), 1 << 30),
+}
+#: What ``NPU_COMPAT_SIMULATE_NPU_MEMORY`` and ``NPU_COMPAT_SIMULATE_DEVICES`` take, for their errors.
+SIZE_HINT = "give bytes, or a number with KiB, MiB or GiB"
+COUNT_HINT = "give the number of simulated NPUs, a whole number of at least 1"
+
+
+def parse_size(raw: str) -> "int | None":
+    """Bytes from ``raw``: a number, optionally with ``KiB``/``MiB``/``GiB`` (or ``K``/``M``/``G``,
+    ``B``); ``None`` when it is not one."""
+    import re
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", raw.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        return None
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_count(raw: str) -> "int | None":
+    """A whole number of at least 1 from ``raw``; ``None`` when it is not one."""
+    text = raw.strip()
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+#: Our variables whose value is on or off, and what a value that is neither is taken as.
+_FLAGS = {ENABLE: "on", STRICT: "off", SIMULATE: "off", SIMULATE_VLLM_PLATFORM: "on", AUTO: "on"}
+#: Our variables whose value is free text (paths, patch ids: checked where they are used).
+_FREE = frozenset({DISABLE, REPORT_DIR, SIMULATE_BUILD_DIR, RAY_SETUP_HOOK})
+
+
+def value_problems(environ: "Mapping[str, str]") -> "list[str]":
+    """What is wrong with the ``NPU_COMPAT*`` variables of ``environ``, one sentence each: a value
+    the variable does not take (and what it is taken as instead), or a name npu-compat does not
+    read (with the nearest one it does).  Empty when all is well; cheap, imports nothing.
+    (``NPU_COMPAT_DEVICE`` is not among them: a wrong one stops the device decision itself.)"""
+    problems: list[str] = []
+    known = {*_FLAGS, *_FREE, DEVICE, SIMULATE_DEVICES, SIMULATE_NPU_MEMORY}
+    for name, value in environ.items():
+        if not name.startswith(PREFIX):
+            continue
+        if name in _FLAGS:
+            if value.strip() and not (is_true(value) or is_false(value)):
+                problems.append(
+                    f"{name}={value!r} is neither on (1, true, yes, on) nor off (0, false, no, off): "
+                    f"taken as {_FLAGS[name]}"
+                )
+        elif name == SIMULATE_DEVICES:
+            if parse_count(value) is None:
+                problems.append(f"{name}={value!r}: {COUNT_HINT}")
+        elif name == SIMULATE_NPU_MEMORY:
+            if value.strip() and parse_size(value) is None:
+                problems.append(f"{name}={value!r}: {SIZE_HINT}")
+        elif name not in known:
+            import difflib
+
+            near = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            problems.append(f"{name} is not a variable npu-compat reads: it has no effect{hint}")
+    return problems
+
+
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Mapping

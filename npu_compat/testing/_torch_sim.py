@@ -26,7 +26,6 @@ import collections
 import contextlib
 import functools
 import os
-import re
 import sys
 import threading
 import types
@@ -103,10 +102,11 @@ def device_count_from_env(environ: Mapping[str, str] | None = None) -> int:
     visible = env.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
     if visible:
         return len([d for d in visible.split(",") if d.strip()])
-    return int(env.get(_env.SIMULATE_DEVICES, "2"))
-
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": _GIB, "gib": _GIB}
+    raw = env.get(_env.SIMULATE_DEVICES, "2")
+    count = _env.parse_count(raw)
+    if count is None:
+        raise ValueError(f"{_env.SIMULATE_DEVICES}={raw!r}: {_env.COUNT_HINT}")
+    return count
 
 
 def memory_capacity_from_env() -> int:
@@ -114,11 +114,10 @@ def memory_capacity_from_env() -> int:
     raw = os.environ.get(_env.SIMULATE_NPU_MEMORY, "").strip()
     if not raw:
         return TOTAL_MEMORY
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", raw)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"{_env.SIMULATE_NPU_MEMORY}={raw!r}: give bytes, or a number with KiB, MiB or GiB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = _env.parse_size(raw)
+    if size is None:
+        raise ValueError(f"{_env.SIMULATE_NPU_MEMORY}={raw!r}: {_env.SIZE_HINT}")
+    return size
 
 
 _current = threading.local()

@@ -451,3 +451,24 @@ def test_off_switch_disables_activate(synth: Path) -> None:
     out = last_json(proc)
     assert (out["result"], out["patched"]) == ("off", False)
     assert set(out["new"]) <= {"npu_compat._env"}  # the bootstrap and nothing else
+
+
+def test_a_wrong_value_or_a_misspelt_name_of_ours_is_named_on_npu_and_silent_elsewhere(synth: Path) -> None:
+    code = """
+        with warnings.catch_warnings(record=True) as caught:
+            device = npu_compat.activate(specs=SPECS)
+        from npu_compat._activation import _state
+        print(json.dumps({"device": device, "strict": _state.strict,
+                          "warnings": [str(w.message) for w in caught]}))
+        """
+    wrong = {"NPU_COMPAT_STRICT": "maybe", "NPU_COMPAT_SIMULATED": "1"}
+    out = last_json(child(synth, code, env=wrong))
+    assert out["device"] == "npu" and out["strict"] is False
+    assert sorted(out["warnings"]) == [
+        "npu_compat: NPU_COMPAT_SIMULATED is not a variable npu-compat reads: it has no effect; "
+        "did you mean NPU_COMPAT_SIMULATE?",
+        "npu_compat: NPU_COMPAT_STRICT='maybe' is neither on (1, true, yes, on) nor off (0, false, no, off): "
+        "taken as off",
+    ]
+    quiet = last_json(child(synth, code, env={**wrong, "NPU_COMPAT_DEVICE": "cpu"}))
+    assert quiet["device"] == "cpu" and quiet["warnings"] == []  # invisible off Ascend

@@ -86,3 +86,34 @@ def test_findable_torch_npu_is_evidence(tmp_path: Path, monkeypatch: pytest.Monk
     decision = _env.decide(environ={})
     assert decision.device == "npu"
     assert decision.evidence == ("torch_npu is importable",)
+
+
+@pytest.mark.parametrize(
+    ("environ", "problem"),
+    [
+        ({"NPU_COMPAT_STRICT": "maybe"}, "NPU_COMPAT_STRICT='maybe' is neither on"),
+        ({"NPU_COMPAT_AUTO": "never"}, "NPU_COMPAT_AUTO='never' is neither on (1, true, yes, on) nor off"),
+        ({"NPU_COMPAT_SIMULATE_DEVICES": "two"}, "NPU_COMPAT_SIMULATE_DEVICES='two': give the number"),
+        ({"NPU_COMPAT_SIMULATE_DEVICES": "0"}, "a whole number of at least 1"),
+        ({"NPU_COMPAT_SIMULATE_NPU_MEMORY": "lots"}, "give bytes, or a number with KiB, MiB or GiB"),
+        ({"NPU_COMPAT_REPORTS_DIR": "/tmp/r"}, "has no effect; did you mean NPU_COMPAT_REPORT_DIR?"),
+        ({"NPU_COMPAT_FROBNICATE": "1"}, "NPU_COMPAT_FROBNICATE is not a variable npu-compat reads"),
+    ],
+)
+def test_a_wrong_value_or_name_of_ours_is_one_sentence(environ: dict[str, str], problem: str) -> None:
+    (found,) = _env.value_problems(environ)
+    assert problem in found, found
+
+
+def test_good_values_and_other_projects_variables_are_no_problem() -> None:
+    environ = {
+        "NPU_COMPAT": "1", "NPU_COMPAT_STRICT": "true", "NPU_COMPAT_AUTO": "0", "NPU_COMPAT_SIMULATE": "",
+        "NPU_COMPAT_SIMULATE_DEVICES": "8", "NPU_COMPAT_SIMULATE_NPU_MEMORY": "1.5GiB",
+        "NPU_COMPAT_DISABLE": "x,y", "NPU_COMPAT_DEVICE": "npu", "TRINITY_DEVICE": "whatever", "PATH": "/bin",
+    }  # fmt: skip
+    assert _env.value_problems(environ) == []
+    assert (
+        _env.parse_size("1.5GiB") == 3 << 29
+        and _env.parse_size("512") == 512
+        and _env.parse_size("x") is None
+    )

@@ -335,3 +335,16 @@ def test_with_nothing_declared_a_distribution_whose_patch_targets_are_all_gone_s
         "nothing any of them changes is in it (its xpkg.mod has no Worker; xpkg 9.0 does not ship xpkg.old)"
         in d.findings[0].message
     )
+
+
+def test_a_wrong_value_or_a_misspelt_name_of_ours_is_a_warning_that_names_it() -> None:
+    env = child_env({"NPU_COMPAT_SIMULATE_DEVICES": "two", "NPU_COMPAT_STRICKT": "1"})
+    proc = run(DOCTOR, env)
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert (
+        "warning: NPU_COMPAT_SIMULATE_DEVICES='two': give the number of simulated NPUs, a whole number of at least 1"
+        in warnings
+    )
+    assert any("NPU_COMPAT_STRICKT is not a variable" in w and "NPU_COMPAT_STRICT?" in w for w in warnings), (
+        warnings
+    )
