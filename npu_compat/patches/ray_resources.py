@@ -11,7 +11,8 @@ resource is ever advertised: that would double-book the chips.
 
 The guard (a separate patch, so it still speaks when the rewrite is disabled) logs an
 error naming the caller and the fix when a GPU request reaches Ray on a cluster without
-a single GPU.
+a single GPU, and when a placement group asks for more NPUs than the cluster's alive nodes
+have (in all, on one node, or packed strictly): its ``ready()`` would wait forever.
 """
 
 from __future__ import annotations
@@ -132,7 +133,44 @@ def guard_placement_group(wrapped: Any, instance: Any, args: tuple[Any, ...], kw
     bundles = kwargs.get("bundles", args[0] if args else [])
     if any(isinstance(b, dict) and b.get(_GPU) for b in bundles):
         _warn_gpu_request(f"placement-group bundles {bundles}")
+    strategy = kwargs.get("strategy", args[1] if len(args) > 1 else "PACK")
+    try:
+        short = _npus_short(bundles, strategy)
+    except Exception:  # noqa: BLE001 - the guard only speaks: it never stands in the request's way
+        short = None
+    if short:
+        logger.error(
+            "npu_compat: %s asks Ray for a placement group that can never be ready, so its ready() waits "
+            "forever: %s. Ask for no more NPUs than the cluster has (in Trinity: cluster.node_num x "
+            "cluster.gpu_per_node, which explorer and trainer share).",
+            _caller(),
+            short,
+        )
     return wrapped(*args, **kwargs)
+
+
+def _npus_short(bundles: Any, strategy: Any) -> str | None:
+    """Why ``bundles`` can never be placed on this cluster's alive nodes, in NPUs; ``None`` when they
+    can, or when it cannot be told (Ray not initialised, no NPU asked for).  An autoscaling cluster
+    may still grow to fit: this is logged, never raised."""
+    wanted = [float(b.get(_NPU, 0)) for b in bundles if isinstance(b, dict)]
+    need = sum(wanted)
+    if not need:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    per_node = [float(n["Resources"].get(_NPU, 0)) for n in ray.nodes() if n.get("Alive")]
+    total, biggest = sum(per_node), max(per_node, default=0.0)
+    asked = f"{len(wanted)} bundles, {need:g} NPU in all"
+    if need > total:
+        return f"{asked}, on a cluster of {total:g} NPU"
+    if max(wanted) > biggest:
+        return f"a bundle of {max(wanted):g} NPU ({asked}), and no node has more than {biggest:g}"
+    if strategy == "STRICT_PACK" and need > biggest:
+        return f"{asked} on one node (STRICT_PACK), and no node has more than {biggest:g}"
+    return None
 
 
 # -- reading the cluster ------------------------------------------------------------------------

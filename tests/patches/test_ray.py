@@ -99,6 +99,32 @@ print(json.dumps({"ready": ready}))
     assert "resources={'NPU': n}" in proc.stderr
 
 
+def test_guard_names_a_placement_group_the_cluster_can_never_hold(npu_ray_cluster: Any) -> None:
+    """#27: a config asking for more NPUs than the cluster has (Trinity's allocator awaits ready())."""
+    sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
+    proc = run_py(
+        DRIVER.replace("ADDRESS", repr(npu_ray_cluster.address))
+        + """
+def allocate(n, strategy="PACK"):
+    pg = placement_group([{"GPU": 1}] * n, strategy=strategy)
+    ready = bool(ray.wait([pg.ready()], timeout=3 if n > 2 else 60)[0])
+    ray.util.remove_placement_group(pg)
+    return ready
+
+fits = allocate(2)
+print("-- fits above, too many below --", file=sys.stderr, flush=True)
+print(json.dumps({"fits": fits, "too_many": allocate(3)}))
+""",
+        env=sim,
+        pythonpath=SIM_PATH,
+        timeout=240,
+    )
+    assert last_json(proc) == {"fits": True, "too_many": False}
+    (before, after) = proc.stderr.split("-- fits above, too many below --")
+    assert "can never be ready" not in before
+    assert "__main__:allocate" in after and "3 bundles, 3 NPU in all, on a cluster of 2 NPU" in after, after
+
+
 def test_cuda_decision_leaves_ray_identical(npu_ray_cluster: Any) -> None:
     out = _driver(
         npu_ray_cluster,
