@@ -414,7 +414,7 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
     if visible is None:
         record(_env.ASCEND_VISIBLE_DEVICES, "ok", "unset (all devices visible)")
     else:
-        problem = visible_devices_problem(visible)
+        problem = visible_devices_problem(visible, host_npus(environ))
         if problem is None:
             record(_env.ASCEND_VISIBLE_DEVICES, "ok", visible)
         else:
@@ -455,8 +455,24 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
     d.sections["ascend"] = checks
 
 
-def visible_devices_problem(value: str) -> str | None:
-    """What is wrong with an ``ASCEND_RT_VISIBLE_DEVICES`` value, or None."""
+def host_npus(environ: dict[str, str]) -> tuple[list[int], str] | None:
+    """The NPU numbers this host has, and where that was read: the simulated host's count, else the
+    ``/dev/davinci<N>`` nodes of the driver; None where neither tells."""
+    if _env.is_true(environ.get(_env.SIMULATE)):
+        raw = environ.get(_env.SIMULATE_DEVICES, "2")
+        count = _env.parse_count(raw)
+        return (list(range(count)), f"{_env.SIMULATE_DEVICES}={raw}") if count else None
+    try:
+        names = os.listdir(_env.DEV_DIR)
+    except OSError:
+        return None
+    numbers = sorted(int(n[7:]) for n in names if n.startswith("davinci") and n[7:].isdigit())
+    return (numbers, f"{_env.DEV_DIR}/davinci*") if numbers else None
+
+
+def visible_devices_problem(value: str, present: tuple[list[int], str] | None = None) -> str | None:
+    """What is wrong with an ``ASCEND_RT_VISIBLE_DEVICES`` value, or None; with ``present``
+    (:func:`host_npus`), also a device the host does not have."""
     items = [p.strip() for p in value.split(",")]
     if not value.strip() or any(not p for p in items):
         return "an empty entry; Fix: a comma-separated list of device numbers such as 0,1,2,3"
@@ -469,7 +485,25 @@ def visible_devices_problem(value: str) -> str | None:
     if numbers != sorted(numbers):
         fixed = ",".join(str(n) for n in sorted(numbers))
         return f"not in ascending order, which reorders device indices. Fix: {fixed}"
+    if present is not None:
+        (have, source) = present
+        missing = [n for n in numbers if n not in have]
+        if missing:
+            names = ", ".join(str(n) for n in missing)
+            has = f"{_number_ranges(have)}: {source}"
+            return f"names NPU {names}, which this host does not have (it has {has}). Fix: name only those"
     return None
+
+
+def _number_ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
 
 
 # -- per-process reports ------------------------------------------------------------------------

@@ -39,6 +39,14 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
         ({"ASCEND_RT_VISIBLE_DEVICES": "0,,1"}, ["an empty entry"]),
         ({"ASCEND_RT_VISIBLE_DEVICES": "0,x"}, ["'x' is not a device number"]),
         ({"ASCEND_RT_VISIBLE_DEVICES": "0,0"}, ["listed twice"]),
+        (
+            {
+                "NPU_COMPAT_SIMULATE": "1",
+                "NPU_COMPAT_SIMULATE_DEVICES": "4",
+                "ASCEND_RT_VISIBLE_DEVICES": "2,5,7",
+            },
+            ["names NPU 5, 7, which this host does not have (it has 0-3: NPU_COMPAT_SIMULATE_DEVICES=4)"],
+        ),
         ({"NPU_COMPAT_DEVICE": "npu"}, ["CANN toolkit environment is not sourced", "set_env.sh"]),
         ({"ASCEND_TOOLKIT_HOME": "/nonexistent/Ascend"}, ["is not a directory"]),
         (
@@ -124,6 +132,11 @@ def test_visible_devices_rules() -> None:
     assert _doctor.visible_devices_problem("4, 5") is None
     assert _doctor.visible_devices_problem("") is not None
     assert _doctor.visible_devices_problem("3,1") is not None
+    davinci = ([0, 1, 2, 3, 6], "/dev/davinci*")
+    assert _doctor.visible_devices_problem("0,3,6", davinci) is None
+    assert "names NPU 4, which this host does not have (it has 0-3, 6: /dev/davinci*)" in str(
+        _doctor.visible_devices_problem("0,4", davinci)
+    )
 
 
 def test_an_unknown_option_exits_2() -> None:
