@@ -1,11 +1,13 @@
-"""``python -m npu_compat doctor [--json] [--reports DIR]``: will npu-compat work here, and if not, why.
+"""``python -m npu_compat doctor [--json] [--reports DIR [--timeline [--svg FILE]]]``: will npu-compat
+work here, and if not, why.
 
 Checks this environment without importing any patch target: the device decision
 and its evidence; each target distribution's installed version against the ranges
 its patches support; each patch's plan (would apply, or skipped and why); whether
 automatic activation reaches this interpreter and by which path; the Ascend
 environment (visible devices, toolkit, torch_npu autoload); and, with ``--reports``,
-which patches applied in which process of a run.
+which patches applied in which process of a run (with ``--timeline``, when each process
+started, activated and learned its role: :mod:`npu_compat._timeline`).
 
 Every problem that would break a run is an ``error`` with the fix in its message, and
 makes the exit status 1; ``warning`` and ``note`` lines never do.  A bad command line
@@ -700,11 +702,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--reports", metavar="DIR", help=f"read the per-process reports of a run ({_env.REPORT_DIR})"
     )
+    parser.add_argument(
+        "--timeline", action="store_true", help="with --reports: when each process started and activated"
+    )
+    parser.add_argument("--svg", metavar="FILE", help="with --timeline: write it as an SVG chart too")
     args = parser.parse_args(argv)
+    if (args.timeline or args.svg) and not args.reports:
+        parser.error("--timeline and --svg read a run's reports: give --reports DIR")
+    if args.svg and not args.timeline:
+        parser.error("--svg writes the timeline: give --timeline too")
     d = diagnose(args.reports)
     if args.json:
         out = {**d.sections, "findings": [f.__dict__ for f in d.findings], "ok": d.ok}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(render(d))
+    if args.timeline:
+        from . import _timeline
+
+        table = _timeline.rows(read_reports(args.reports) if os.path.isdir(args.reports) else [])
+        if not args.json:
+            print("\n" + "\n".join(_timeline.render_text(table)))
+        if args.svg:
+            with open(args.svg, "w", encoding="utf-8") as out_file:
+                out_file.write(_timeline.render_svg(table))
     return 0 if d.ok else 1

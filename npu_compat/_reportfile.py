@@ -29,12 +29,16 @@ _last: "str | None" = None
 _role: "str | None" = None
 _actor_class: "str | None" = None
 _failed = False
+#: When this process reached each mark (``activated``, ``role``): seconds since the epoch.
+_times: "dict[str, float]" = {}
+_started: "list[float | None]" = []  # the process's start, read once from /proc
 
 
 def attach() -> None:
     """Write this process's report now and again whenever a patch status changes.  Idempotent."""
     global _attached
     _attached = True
+    _times.setdefault("activated", _now())
     activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
     if activation is not None and write not in activation.LISTENERS:
         activation.LISTENERS.append(write)
@@ -59,6 +63,7 @@ def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False
         return
     _role = role
     _actor_class = actor_class or _actor_class
+    _times.setdefault("role", _now())
     if _attached:
         write()
 
@@ -146,6 +151,7 @@ def build() -> "dict[str, object]":
         "executable": sys.executable,
         "npu_compat": npu_compat.__version__,
         "activated_by": _activated_by or "activate()",
+        "times": {"started": process_start(), **_times},
         "triggers": list(getattr(precheck, "TRIGGERS", [])),
         "decision": rep.decision,
         "environment": environment(),
@@ -220,6 +226,28 @@ def _ray_identity() -> "dict[str, object] | None":
         return info
     except Exception:  # noqa: BLE001 - Ray internals: describe what can be read, never fail
         return None
+
+
+def process_start() -> "float | None":
+    """When this process started, in seconds since the epoch (Linux: ``/proc``), else None."""
+    if not _started:
+        _started.append(_read_process_start())
+    return _started[0]
+
+
+def _read_process_start() -> "float | None":
+    import time
+
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            # after the command's ")" fields run from the 3rd; the 22nd: the start, in clock ticks since boot
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as uptime:
+            since_boot, now = float(uptime.read().split()[0]), time.time()
+    except (OSError, ValueError, IndexError):
+        return None
+    # /proc/stat's btime is whole seconds; uptime and the clock, read together, place the start to 10 ms
+    return round(now - (since_boot - ticks / os.sysconf("SC_CLK_TCK")), 2)
 
 
 def _host() -> str:

@@ -272,8 +272,12 @@ def environment_failure(stock: dict[str, object], compat: dict[str, object]) -> 
     return str(error) if error and error == compat.get("first_error") else None
 
 
-def doctor(reports: Path | None = None) -> tuple[int, list[str]]:
-    cmd = [sys.executable, "-m", "npu_compat", "doctor", *(["--reports", str(reports)] if reports else [])]
+def doctor(reports: Path | None = None, svg: Path | None = None) -> tuple[int, list[str]]:
+    """``doctor`` on this machine; with ``reports``, on the run's reports too, with its timeline (and
+    the timeline's chart written to ``svg``)."""
+    cmd = [sys.executable, "-m", "npu_compat", "doctor"]
+    if reports:
+        cmd += ["--reports", str(reports), "--timeline", *(["--svg", str(svg)] if svg else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_COMPAT")}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
     return done.returncode, (done.stdout + done.stderr).rstrip().splitlines()
@@ -348,16 +352,22 @@ def main(argv: list[str] | None = None) -> int:
             model=model,
         )
         reports = scratch / "npu-compat" / "work" / "reports"
-        clock.say(f"collecting the reports: python -m npu_compat doctor --reports {reports}")
-        rc, table = doctor(reports)
+        clock.say(f"collecting the reports: python -m npu_compat doctor --reports {reports} --timeline")
+        chart = scratch / "npu-compat" / "timeline.svg"  # next to the run's logs
+        rc, table = doctor(reports, chart)
         for line in side_by_side(stock, compat, scratch):
             print(line)
         for line in the_run(scratch / "npu-compat"):
             print(line)
-        print(f"\nper-process patches of the npu-compat run (doctor --reports DIR, exit status {rc}):")
+        print(
+            "\nper-process patches of the npu-compat run, and its timeline "
+            f"(doctor --reports DIR --timeline, exit status {rc}):"
+        )
         start = next((i for i, line in enumerate(table) if line.startswith("processes (")), 0)
         for line in table[start:]:
             print(f"  {line}" if line else "")
+        if args.keep and chart.exists():
+            print(f"  the timeline as a chart: {chart}")
         cause = environment_failure(stock, compat)
         if cause:
             print(

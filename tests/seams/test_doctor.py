@@ -361,3 +361,44 @@ def test_a_wrong_value_or_a_misspelt_name_of_ours_is_a_warning_that_names_it() -
     assert any("NPU_COMPAT_STRICKT is not a variable" in w and "NPU_COMPAT_STRICT?" in w for w in warnings), (
         warnings
     )
+
+
+def test_the_timeline_orders_a_runs_processes_by_start_and_draws_them(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    base = 1_800_000_000.0
+    marks = {  # pid: (ppid, role, started, activated, role known, updated)
+        21: (1, "ray-driver", 0.0, 0.4, 2.0, 30.0),
+        23: (21, "ray-actor", 9.5, 11.0, 12.5, 40.0),
+        22: (21, "main", 5.0, 5.2, None, 6.0),
+    }
+    for pid, (ppid, role, started, activated, known, updated) in marks.items():
+        rep = _report(pid, role, {"p.one": "applied"})
+        times = {"started": base + started, "activated": base + activated}
+        if known is not None:
+            times["role"] = base + known
+        rep.update(ppid=ppid, times=times, updated=base + updated)
+        (reports / f"node1-{pid}.json").write_text(json.dumps(rep))
+    svg = tmp_path / "timeline.svg"
+    proc = run(
+        [*DOCTOR, "--reports", str(reports), "--timeline", "--svg", str(svg)], child_env(), check=False
+    )
+    lines = proc.stdout.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("timeline (3 processes")))
+    rows = [x.split() for x in lines[at + 2 : at + 5]]
+    assert [r[5] for r in rows] == ["21", "22", "23"]  # by start
+    assert rows[0][1:5] == ["0.00", "+0.40", "+2.00", "+30.00"]
+    assert rows[1][1:7] == ["5.00", "+0.20", "-", "+1.00", "22", "#1"]  # its parent is row 1
+    assert rows[2][1:7] == ["9.50", "+1.50", "+3.00", "+30.50", "23", "#1"]
+    assert "last change at 40.00 s" in proc.stdout
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg.read_text())
+    bars = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("fill") == "#4a7ebb"]
+    assert len(bars) == 3
+    assert "23 ray-actor" in svg.read_text()
+
+
+def test_the_timeline_needs_a_runs_reports() -> None:
+    proc = run([*DOCTOR, "--timeline"], child_env(), check=False)
+    assert proc.returncode == 2 and "give --reports DIR" in proc.stderr

@@ -17,6 +17,8 @@ def test_a_report_follows_each_patch_status_change(tmp_path: Path) -> None:
     out = last_json(
         py(
             f"""
+            import time
+            began = time.time()
             import json, os, pathlib
             import npu_compat
             from synthspecs import SPECS
@@ -25,7 +27,7 @@ def test_a_report_follows_each_patch_status_change(tmp_path: Path) -> None:
             before = json.loads(path.read_text())
             import synthpkg.target
             after = json.loads(path.read_text())
-            print(json.dumps({{"before": before, "after": after, "pid": os.getpid()}}))
+            print(json.dumps({{"before": before, "after": after, "pid": os.getpid(), "began": began}}))
             """,
             child_env(
                 {"NPU_COMPAT_DEVICE": "npu", "NPU_COMPAT_REPORT_DIR": str(reports), "MY_API_TOKEN": "s3cret"},
@@ -41,6 +43,12 @@ def test_a_report_follows_each_patch_status_change(tmp_path: Path) -> None:
     assert after["decision"] == {"device": "npu", "source": "NPU_COMPAT_DEVICE=npu", "evidence": []}
     assert after["counts"] == {"applied": len(after["patches"])}
     assert after["updated"] >= before["updated"]
+    # the timeline's marks: the process's start (from /proc), then activation, within the child's life
+    times = after["times"]
+    assert set(times) == {"started", "activated"}, times
+    began = out["began"]  # the child's first line: its start is before, by its interpreter's start-up
+    assert began - 30 <= times["started"] <= began + 0.05, (began, times)  # type: ignore[operator]
+    assert times["started"] <= times["activated"] <= after["updated"]
     text = (reports / Path(next(iter(reports.glob("*.json")))).name).read_text()
     assert "s3cret" not in text and "MY_API_TOKEN" not in text
     assert set(after["environment"]) == {"NPU_COMPAT_AUTO", "NPU_COMPAT_DEVICE", "NPU_COMPAT_REPORT_DIR"}

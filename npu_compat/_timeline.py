@@ -1,0 +1,176 @@
+"""A run's timeline, read from its per-process reports: ``doctor --reports DIR --timeline [--svg FILE]``.
+
+Each report (:mod:`npu_compat._reportfile`) carries the times of its process: when the process
+started (the kernel's start time, from ``/proc``), when npu-compat activated in it, when it learned
+its role (Ray driver, actor, vLLM process) and when its report last changed (the last patch
+applied).  Here they become one row per process, ordered by start, as text and as an SVG Gantt
+chart, in seconds from the first process's start.  A process's parent is shown where it is in
+the run too.  What the rows cannot tell -- which other process a process was waiting on -- comes
+from the run's logs, not from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+
+@dataclass(frozen=True)
+class Row:
+    """One process of the run."""
+
+    host: str
+    pid: int
+    ppid: int
+    role: str
+    program: str
+    #: seconds since the epoch, or None where the report does not say
+    started: float | None
+    activated: float | None
+    role_known: float | None
+    updated: float | None
+
+    @property
+    def first(self) -> float | None:
+        known = [t for t in (self.started, self.activated, self.role_known, self.updated) if t is not None]
+        return min(known) if known else None
+
+    @property
+    def last(self) -> float | None:
+        known = [t for t in (self.started, self.activated, self.role_known, self.updated) if t is not None]
+        return max(known) if known else None
+
+
+def _time(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def rows(reports: list[dict[str, object]]) -> list[Row]:
+    """The reports' processes, in the order they started."""
+    out = []
+    for r in reports:
+        times = r.get("times") if isinstance(r.get("times"), dict) else {}
+        assert isinstance(times, dict)
+        out.append(
+            Row(
+                host=str(r.get("host") or "?"),
+                pid=int(r.get("pid") or 0),  # type: ignore[call-overload]
+                ppid=int(r.get("ppid") or 0),  # type: ignore[call-overload]
+                role=str(r.get("role") or "?"),
+                program=str(r.get("program") or "?"),
+                started=_time(times.get("started")),
+                activated=_time(times.get("activated")),
+                role_known=_time(times.get("role")),
+                updated=_time(r.get("updated")),
+            )
+        )
+    return sorted(out, key=lambda row: (row.first if row.first is not None else float("inf"), row.pid))
+
+
+def _origin(table: list[Row]) -> float:
+    firsts = [row.first for row in table if row.first is not None]
+    return min(firsts) if firsts else 0.0
+
+
+def _parents(table: list[Row]) -> dict[int, int]:
+    """Row index -> its parent's row index, where the parent is a process of the run too."""
+    where = {(row.host, row.pid): i for i, row in enumerate(table)}
+    return {i: where[(row.host, row.ppid)] for i, row in enumerate(table) if (row.host, row.ppid) in where}
+
+
+def render_text(table: list[Row]) -> list[str]:
+    """The timeline as lines: start, then each later mark relative to the process's own start."""
+    if not table:
+        return ["timeline: no reports"]
+    origin = _origin(table)
+    parents = _parents(table)
+
+    def at(t: float | None) -> str:
+        return f"{t - origin:8.2f}" if t is not None else f"{'?':>8s}"
+
+    def after(t: float | None, start: float | None) -> str:
+        if t is None or start is None:
+            return f"{'-':>8s}"
+        return f"{'+' + format(t - start, '.2f'):>8s}"
+
+    lines = [
+        f"timeline ({len(table)} processes; seconds from the first start; activated, role and last change "
+        "after the process's own start):",
+        f"  {'#':>3s} {'start':>8s} {'activ.':>8s} {'role':>8s} {'last':>8s} {'pid':>8s} {'parent':>6s}"
+        "  role, program",
+    ]
+    for i, row in enumerate(table):
+        start = row.started if row.started is not None else row.first
+        parent = f"#{parents[i] + 1}" if i in parents else "-"
+        lines.append(
+            f"  {i + 1:>3d} {at(start)} {after(row.activated, start)} {after(row.role_known, start)} "
+            f"{after(row.updated, start)} {row.pid:>8d} {parent:>6s}  {row.role}, {row.program}"
+        )
+    ends = [row.last for row in table if row.last is not None]
+    if ends:
+        lines.append(f"  last change at {max(ends) - origin:.2f} s")
+    return lines
+
+
+#: The chart's geometry, in SVG user units.
+_LABEL, _BAR_AREA, _ROW, _TOP = 360, 840, 20, 40
+
+
+def render_svg(table: list[Row], title: str = "npu-compat run timeline") -> str:
+    """The timeline as an SVG Gantt chart: one bar per process from its start to its report's last
+    change, the part before npu-compat activated lighter, a tick where it learned its role."""
+    origin = _origin(table)
+    ends = [row.last - origin for row in table if row.last is not None]
+    span = max([*ends, 1.0])
+    scale = _BAR_AREA / span
+    height = _TOP + _ROW * (len(table) + 1) + 20
+    width = _LABEL + _BAR_AREA + 20
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="monospace" font-size="11">',
+        f'<text x="8" y="16" font-size="13">{escape(title)} ({len(table)} processes, {span:.1f} s)</text>',
+    ]
+    step = _tick_step(span)
+    tick = 0.0
+    while tick <= span + 1e-9:
+        x = _LABEL + tick * scale
+        out.append(f'<line x1="{x:.1f}" y1="{_TOP - 8}" x2="{x:.1f}" y2="{height - 20}" stroke="#ddd"/>')
+        out.append(f'<text x="{x:.1f}" y="{_TOP - 12}" text-anchor="middle">{tick:g} s</text>')
+        tick += step
+    for i, row in enumerate(table):
+        y = _TOP + _ROW * i
+        label = f"{row.pid} {row.role} ({row.program})"
+        out.append(f'<text x="8" y="{y + 13}">{escape(label[:56])}</text>')
+        start = row.started if row.started is not None else row.first
+        if start is None or row.last is None:
+            continue
+        x0, x1 = _LABEL + (start - origin) * scale, _LABEL + (row.last - origin) * scale
+        box = f'x="{x0:.1f}" y="{y + 3}" height="{_ROW - 6}"'
+        out.append(
+            f'<rect {box} width="{max(x1 - x0, 1.0):.1f}" fill="#4a7ebb">'
+            f"<title>{escape(label)}: {start - origin:.2f} to {row.last - origin:.2f} s</title></rect>"
+        )
+        if row.activated is not None and row.activated > start:
+            xa = _LABEL + (row.activated - origin) * scale
+            out.append(
+                f'<rect {box} width="{max(xa - x0, 1.0):.1f}" fill="#b8cce4">'
+                f"<title>before npu-compat activated: {row.activated - start:.2f} s</title></rect>"
+            )
+        if row.role_known is not None:
+            xr = _LABEL + (row.role_known - origin) * scale
+            out.append(f'<line x1="{xr:.1f}" y1="{y + 1}" x2="{xr:.1f}" y2="{y + _ROW - 1}" stroke="#c0504d" '
+                       'stroke-width="2"/>')  # fmt: skip
+    legend_y = height - 6
+    out.append(
+        f'<text x="8" y="{legend_y}">light: started, npu-compat not yet active; dark: active until the last '
+        "change of its report; red tick: role known (Ray driver/actor, vLLM process)</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _tick_step(span: float) -> float:
+    for step in (1, 2, 5, 10, 20, 30, 60, 120, 300, 600):
+        if span / step <= 12:
+            return float(step)
+    return 1200.0
