@@ -34,6 +34,18 @@ _times: "dict[str, float]" = {}
 _started: "list[float | None]" = []  # the process's start, read once from /proc
 
 
+def _forked() -> None:
+    """A forked child is a process of its own: its start is read anew, and it was active from it."""
+    _started.clear()
+    _times.clear()
+    if _attached:
+        _times["activated"] = _now()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def attach() -> None:
     """Write this process's report now and again whenever a patch status changes.  Idempotent."""
     global _attached

@@ -32,8 +32,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
+from npu_compat import _timeline
+from npu_compat._doctor import read_reports
 from npu_compat.testing._ray import npu_ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -353,6 +356,10 @@ def run(
     text = all_logs(out)
     summary["boundaries"] = [label for label, pattern in BOUNDARIES.items() if re.search(pattern, text)]
     summary["applied"] = applied_by_process(workdir / "reports")
+    reports = workdir / "reports"
+    summary["timeline"] = [
+        asdict(row) for row in _timeline.rows(read_reports(str(reports)) if reports.is_dir() else [])
+    ]
     return summary
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
+from npu_compat import _timeline
 from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
@@ -146,6 +147,14 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     served = [int(n) for n in re.findall(r"NPUModelRunner on npu:\d+ served (\d+) requests", text)]
     assert served and all(served), served
     print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
+    # the timeline (doctor --timeline): every process's report places it -- started, then npu-compat
+    # active, then its last change -- the driver, Ray's processes, the actors and vLLM's among them
+    timeline = result["timeline"]
+    print("\n".join(_timeline.render_text([_timeline.Row(**row) for row in timeline])))
+    assert {"ray-driver", "ray-actor"} <= {row["role"] for row in timeline}, timeline
+    for row in timeline:
+        assert None not in (row["started"], row["activated"], row["updated"]), row
+        assert row["started"] <= row["activated"] + 0.02 and row["activated"] <= row["updated"], row
     # each patch is reported applied in the process where its code runs
     _assert_applied(
         result,

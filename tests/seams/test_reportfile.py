@@ -168,3 +168,31 @@ def test_a_vllm_process_that_connects_to_ray_stays_a_vllm_process(tmp_path: Path
         print(json.dumps([named, json.load(open(_reportfile.path()))["role"]]))
         """
     assert last_json(py(code, child_env(auto=False))) == ["vllm (EngineCore_DP0)", "ray-driver"]
+
+
+def test_a_forked_child_reports_its_own_start_not_its_parents(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    out = last_json(
+        py(
+            """
+            import json, os, time
+            import npu_compat
+            from npu_compat import _reportfile
+            npu_compat.activate()
+            parent = _reportfile.build()["times"]
+            time.sleep(0.3)
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _reportfile.set_role("forked-child")
+                os.write(write, json.dumps(_reportfile.build()["times"]).encode())
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print(json.dumps({"parent": parent, "child": json.loads(os.read(read, 4096))}))
+            """,
+            child_env({"NPU_COMPAT_DEVICE": "npu", "NPU_COMPAT_REPORT_DIR": str(reports)}),
+        )
+    )
+    parent, child = out["parent"], out["child"]  # type: ignore[index]
+    assert child["started"] >= parent["started"] + 0.25, out
+    assert child["started"] <= child["activated"] + 0.02 and child["activated"] <= child["role"], out
