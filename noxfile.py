@@ -142,9 +142,9 @@ def _marks(name: str) -> list[str]:
 
 
 #: CI's machine has two cores.  A test that runs a cluster of many processes (``many_processes``: the
-#: e2e runs, the catalogue's probe runs) keeps both busy and runs alone; every other test is one or two
-#: processes, and two at a time of those (pytest-xdist, a file per worker so that a module's fixtures
-#: are built once) use the second core.
+#: e2e runs, the catalogue's probe runs, the simulation's vLLM engines) keeps both busy and runs alone;
+#: every other test is one or two processes, and two at a time of those (pytest-xdist, a file per
+#: worker so that a module's fixtures are built once) use the second core.
 WORKERS = min(2, os.cpu_count() or 1)
 
 #: pytest's exit status when a selection holds no test.

@@ -90,6 +90,7 @@ def test_a_40_gib_npu_tensor_counts_in_full_and_the_host_backs_only_what_is_writ
 # ------------------------------------------------------------------ vLLM's KV cache at 0.9 of the device
 
 needs_vllm = [
+    pytest.mark.many_processes,  # vLLM's engine core and its worker process (npu_backend.vllm_engine_run)
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
     pytest.mark.skipif(STRICT_OVERCOMMIT, reason="vm.overcommit_memory=2: the host refuses lazy mappings"),

@@ -20,6 +20,7 @@ from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
 pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
+    pytest.mark.many_processes,  # vLLM's engine core and its worker processes (npu_backend.vllm_engine_run)
 ]
 
 
