@@ -58,8 +58,9 @@ def vllm_ascend_release(vllm_version: str) -> str:
 
 
 def vllm_platform_on(environ: Mapping[str, str]) -> bool:
-    """False when ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM`` is ``0`` in ``environ``."""
-    return environ.get(_env.SIMULATE_VLLM_PLATFORM, "1").strip() != "0"
+    """False when ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM`` is off in ``environ`` (``0``, ``false``, ``no``,
+    ``off``: as every on/off variable of ours)."""
+    return not _env.is_false(environ.get(_env.SIMULATE_VLLM_PLATFORM))
 
 
 def sites(environ: Mapping[str, str]) -> list[Path]:

@@ -117,3 +117,13 @@ def test_good_values_and_other_projects_variables_are_no_problem() -> None:
         and _env.parse_size("512") == 512
         and _env.parse_size("x") is None
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("1", True), ("0", False), ("false", False), ("off", False)]
+)
+def test_the_simulated_vllm_platform_is_off_for_every_off_value(value: str | None, on: bool) -> None:
+    from npu_compat.testing._sites import vllm_platform_on
+
+    environ = {} if value is None else {"NPU_COMPAT_SIMULATE_VLLM_PLATFORM": value}
+    assert vllm_platform_on(environ) is on
