@@ -78,10 +78,20 @@ def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess
     off, and ``extra``).  A failure names its root cause first; one retry, said so, only where a port
     vLLM picked was taken before it bound it."""
     for attempt in (1, 2):
+        # spawn: vLLM forks its engine core and workers by default (it forces spawn only in a Ray actor,
+        # as Trinity's rollout is, or once CUDA is initialised); a fork after torch's thread pool has
+        # started fails now and then in the child's torch.set_num_threads -- "pool INTERNAL ASSERT
+        # FAILED ... Invalid thread pool!" (CI, stack-a) -- on a real Ascend host as here.
         # faulthandler: a worker killed by a signal prints where it was, not nothing.  VLLM_PORT: the
         # executor's store port comes from outside the kernel's ephemeral range (``free_port``), which
         # the other test worker's connections draw from in the half minute before the worker binds it.
-        env = sim_env(VLLM_ASCEND_ENABLE_NZ="0", PYTHONFAULTHANDLER="1", VLLM_PORT=str(free_port()), **extra)
+        env = sim_env(
+            VLLM_ASCEND_ENABLE_NZ="0",
+            VLLM_WORKER_MULTIPROC_METHOD="spawn",
+            PYTHONFAULTHANDLER="1",
+            VLLM_PORT=str(free_port()),
+            **extra,
+        )
         proc = run_py(code, env=env, pythonpath=SIM_PATH, timeout=timeout, check=False)
         if proc.returncode == 0:
             return proc
