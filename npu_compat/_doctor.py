@@ -720,7 +720,7 @@ def main(argv: list[str]) -> int:
     if args.timeline:
         from . import _timeline
 
-        table = _timeline.rows(read_reports(args.reports) if os.path.isdir(args.reports) else [])
+        table = _timeline.rows(d.sections.get("reports", []))  # type: ignore[arg-type]  # read by diagnose
         if not args.json:
             print("\n" + "\n".join(_timeline.render_text(table)))
         if args.svg:

@@ -31,14 +31,21 @@ class Row:
     updated: float | None
 
     @property
+    def _known(self) -> list[float]:
+        return [t for t in (self.started, self.activated, self.role_known, self.updated) if t is not None]
+
+    @property
     def first(self) -> float | None:
-        known = [t for t in (self.started, self.activated, self.role_known, self.updated) if t is not None]
-        return min(known) if known else None
+        return min(self._known, default=None)
 
     @property
     def last(self) -> float | None:
-        known = [t for t in (self.started, self.activated, self.role_known, self.updated) if t is not None]
-        return max(known) if known else None
+        return max(self._known, default=None)
+
+    @property
+    def start(self) -> float | None:
+        """Where its bar begins: its start, else the first mark its report has."""
+        return self.started if self.started is not None else self.first
 
 
 def _time(value: object) -> float | None:
@@ -100,7 +107,7 @@ def render_text(table: list[Row]) -> list[str]:
         "  role, program",
     ]
     for i, row in enumerate(table):
-        start = row.started if row.started is not None else row.first
+        start = row.start
         parent = f"#{parents[i] + 1}" if i in parents else "-"
         lines.append(
             f"  {i + 1:>3d} {at(start)} {after(row.activated, start)} {after(row.role_known, start)} "
@@ -141,7 +148,7 @@ def render_svg(table: list[Row], title: str = "npu-compat run timeline") -> str:
         y = _TOP + _ROW * i
         label = f"{row.pid} {row.role} ({row.program})"
         out.append(f'<text x="8" y="{y + 13}">{escape(label[:56])}</text>')
-        start = row.started if row.started is not None else row.first
+        start = row.start
         if start is None or row.last is None:
             continue
         x0, x1 = _LABEL + (start - origin) * scale, _LABEL + (row.last - origin) * scale
