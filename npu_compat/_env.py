@@ -83,6 +83,12 @@ ASCEND_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
 #: Set by the CANN toolkit's ``set_env.sh``.
 ASCEND_TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 
+#: HCCL's bound on one collective's execution, in seconds (CANN's, not ours; Atlas A2's default 1836):
+#: a rank whose peer never takes part fails after it.  The simulated HCCL honours it where a real
+#: communicator has no process-group timeout (vllm-ascend's ``PyHcclCommunicator``).
+HCCL_EXEC_TIMEOUT = "HCCL_EXEC_TIMEOUT"
+HCCL_EXEC_TIMEOUT_DEFAULT_S = 1836
+
 # Read by ``doctor`` (not ours).
 #: ``0`` stops ``import torch`` from loading torch_npu through its ``torch.backends`` entry point.
 TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"

@@ -532,6 +532,47 @@ def test_pyhccl_runs_collectives_over_a_stateless_process_group_across_two_proce
         assert out["op"].startswith("Unsupported op") and out["dtype"] == "Unsupported dtype: torch.bool"
 
 
+PYHCCL_PEER_GONE = """
+import json, time
+import torch
+from vllm.distributed.utils import StatelessProcessGroup
+from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator
+
+rank, port = RANK, PORT
+pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=rank, world_size=2, store_timeout=60)
+comm = PyHcclCommunicator(pg, device=rank)
+got = torch.ones(4) if rank == 0 else torch.zeros(4)
+comm.broadcast(got, src=0)                                   # both take part: it completes
+out = {"first": got.tolist()}
+if rank == 0:
+    pg.broadcast_obj("rank 1 may go", src=0)
+    started = time.monotonic()
+    try:
+        comm.broadcast(torch.ones(4), src=0)                 # rank 1 is gone: never acknowledged
+        out["second"] = "completed"
+    except RuntimeError as e:
+        out["second"] = str(e)
+    out["seconds"] = time.monotonic() - started
+else:
+    pg.broadcast_obj(None, src=0)                            # rank 1 leaves without the second broadcast
+print(json.dumps(out))
+"""
+
+
+def test_pyhccl_broadcast_to_a_peer_that_never_takes_part_raises_at_hccl_exec_timeout() -> None:
+    """The source of a broadcast returns only once every rank took part, as on the device; a peer that
+    is gone makes it raise at ``HCCL_EXEC_TIMEOUT`` (not at once, and not never)."""
+    port = free_port()
+    scripts = [PYHCCL_PEER_GONE.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)]
+    outs = run_ranks(scripts, HCCL_EXEC_TIMEOUT="3")
+    assert outs[0]["first"] == outs[1]["first"] == [1.0] * 4
+    assert outs[0]["second"].startswith(
+        "simulated HCCL: HcclBroadcast from rank 0 of 2 did not complete within HCCL_EXEC_TIMEOUT=3 s: "
+        "1 of 1 peer ranks never took part"
+    ), outs[0]
+    assert 3.0 <= outs[0]["seconds"] < 10.0, outs[0]
+
+
 PYHCCL_TORCH_PG = """
 import datetime, json
 import torch, torch.distributed as dist

@@ -15,6 +15,13 @@ the group the communicator is attached to:
 * a ``torch.distributed`` ProcessGroup (Gloo, or a mixed ``cpu:gloo,npu:hccl`` group):
   through ``torch.distributed``.  Like the real one it refuses a plain HCCL group.
 
+A collective ends on a rank only once every rank took part, as on the device: over a
+``StatelessProcessGroup`` the source of a ``broadcast`` then waits for each receiver's
+acknowledgement (the store alone would let it return at once, even with every peer dead).  Like
+HCCL's task execution, that wait is bounded by ``HCCL_EXEC_TIMEOUT`` (seconds; Atlas A2's default
+1836): past it the collective raises ``RuntimeError`` naming the ranks that never took part.  A
+receiver waits on the store, within the group's ``store_timeout``.
+
 As in the real one: ``world_size == 1`` leaves it ``available=False, disabled=True`` (and
 without ``device``), ``all_reduce`` returns a new tensor (``None`` when disabled),
 ``broadcast`` works in place, ``src`` is the rank within the group, the dtypes and reduce
@@ -25,6 +32,7 @@ simulated NPU tensor lives -- are accepted as being on it.
 """
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -33,6 +41,7 @@ from torch.distributed import ProcessGroup, ReduceOp
 from vllm.distributed.utils import StatelessProcessGroup
 from vllm.logger import logger
 
+from npu_compat import _env
 from npu_compat.testing._boundary import host_device
 
 #: ``sizeof(HcclRootInfo)``: the real ``hcclUniqueId`` is ``ctypes.c_byte * 4108``.
@@ -75,6 +84,14 @@ def _reduce(parts: list[Any], op: Any) -> Any:
         else:
             result = torch.minimum(result, part)
     return result
+
+
+def exec_timeout_s() -> float:
+    """``HCCL_EXEC_TIMEOUT`` in seconds, or HCCL's default where it is unset or not a number."""
+    try:
+        return float(os.environ[_env.HCCL_EXEC_TIMEOUT])
+    except (KeyError, ValueError):
+        return float(_env.HCCL_EXEC_TIMEOUT_DEFAULT_S)
 
 
 def _check_device(comm: "PyHcclCommunicator", tensor: torch.Tensor) -> None:
@@ -167,6 +184,7 @@ class PyHcclCommunicator:
 
         with torch.npu.device(device):
             self.comm = _SimulatedHcclComm(self.unique_id, self.rank, self.world_size)
+            self._ops = 0  # the broadcasts so far: every rank makes the same ones, in the same order
 
             stream = torch.npu.current_stream()
             # A small all_reduce for warmup.
@@ -202,6 +220,7 @@ class PyHcclCommunicator:
         if isinstance(self.group, StatelessProcessGroup):
             if src == self.rank:
                 self.group.broadcast_obj(tensor.detach().cpu(), src=src)
+                self._wait_for_peers("HcclBroadcast")
             else:
                 received = self.group.broadcast_obj(None, src=src)
                 if received.shape != tensor.shape or received.dtype != tensor.dtype:
@@ -211,5 +230,32 @@ class PyHcclCommunicator:
                     )
                 with torch.no_grad():
                     tensor.copy_(received)
+                self._took_part()
         else:
             dist.broadcast(tensor, src=dist.get_process_group_ranks(self.group)[src], group=self.group)
+
+    # -- a collective's end: every rank took part (StatelessProcessGroup only) ------------------------
+
+    def _done_key(self) -> str:
+        return f"pyhccl/{self.unique_id[:8].hex()}/done/{self._ops}"
+
+    def _took_part(self) -> None:
+        self.group.store.add(self._done_key(), 1)
+        self._ops += 1
+
+    def _wait_for_peers(self, op: str) -> None:
+        """The source's side of a collective: wait, within ``HCCL_EXEC_TIMEOUT``, until every other
+        rank has taken part; raise as HCCL's task does when one never does."""
+        key, peers, bound = self._done_key(), self.world_size - 1, exec_timeout_s()
+        self._ops += 1
+        deadline = time.monotonic() + bound
+        pause = 0.0005
+        while (done := self.group.store.add(key, 0)) < peers:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"simulated HCCL: {op} from rank {self.rank} of {self.world_size} did not complete "
+                    f"within HCCL_EXEC_TIMEOUT={bound:g} s: {peers - done} of {peers} peer ranks never took "
+                    "part (a peer process gone, or stuck before this collective)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
