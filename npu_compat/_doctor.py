@@ -28,6 +28,7 @@ import ast
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -454,7 +455,43 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
         )
     else:
         record(_env.TORCH_AUTOLOAD, "ok", "not 0 (torch_npu loads with torch)")
+    check_exec_timeout(d, on_npu, environ, record)
     d.sections["ascend"] = checks
+
+
+#: Where Trinity's weight sync over HCCL drops the bound its config gives (trinity-rft 0.6.0).
+TRINITY_SYNC_TIMEOUT_DROPPED = (
+    "trinity/trainer/verl/workers.py:302 (setup_weight_sync_group takes synchronizer.sync_timeout "
+    "and does not pass it on)"
+)
+
+
+def check_exec_timeout(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """``HCCL_EXEC_TIMEOUT``: the only bound on a collective whose peer died, where the caller sets none."""
+    value = environ.get(_env.HCCL_EXEC_TIMEOUT)
+    default = _env.HCCL_EXEC_TIMEOUT_DEFAULT_S
+    if value is None:
+        record(_env.HCCL_EXEC_TIMEOUT, "ok", f"unset (HCCL's default, {default} s)")
+        if on_npu:
+            d.add(
+                "note",
+                f"{_env.HCCL_EXEC_TIMEOUT} is unset: a collective whose peer process died waits HCCL's "
+                f"default {default} s before it fails. Trinity's weight sync over HCCL (sync_method: nccl) "
+                f"has no bound of its own: {TRINITY_SYNC_TIMEOUT_DROPPED}. To bound it, export "
+                f"{_env.HCCL_EXEC_TIMEOUT}=<seconds> (e.g. your synchronizer.sync_timeout) "
+                "before `ray start`",
+            )
+    elif value.strip().isdigit():
+        record(_env.HCCL_EXEC_TIMEOUT, "ok", f"{value} s")
+    else:
+        record(_env.HCCL_EXEC_TIMEOUT, "bad", f"{value!r} is not a whole number of seconds")
+        d.add(
+            "error" if on_npu else "warning",
+            f"{_env.HCCL_EXEC_TIMEOUT}={value!r} is not a whole number of seconds, so it is not the bound "
+            "you meant for HCCL's collectives. Fix: give whole seconds, e.g. 1800",
+        )
 
 
 def host_npus(environ: dict[str, str]) -> tuple[list[int], str] | None:

@@ -54,6 +54,10 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
             ["unset TORCH_DEVICE_BACKEND_AUTOLOAD"],
         ),
         ({"NPU_COMPAT_DEVICE": "gpu"}, ["'gpu' is not a device"]),
+        (
+            {"NPU_COMPAT_DEVICE": "npu", "HCCL_EXEC_TIMEOUT": "30m"},
+            ["HCCL_EXEC_TIMEOUT='30m' is not a whole"],
+        ),
     ],
 )
 def test_what_would_break_a_run_exits_1_with_the_fix(
@@ -77,6 +81,31 @@ def test_a_healthy_simulated_ascend_host_passes(tmp_path: Path) -> None:
     assert out["activation"]["effective"]
     assert out["ok"] and proc.returncode == 0, out["findings"]
     assert {c["status"] for c in out["ascend"]} == {"ok"}
+
+
+def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_weight_sync(
+    tmp_path: Path,
+) -> None:
+    """Trinity's weight sync over HCCL passes no timeout, so HCCL_EXEC_TIMEOUT is its only bound (issue 27,
+    the weight-sync fault): unset, doctor says so on an NPU host, with the line and the fix; set, it is
+    quiet; on a CPU host it says nothing."""
+    toolkit = tmp_path / "Ascend"
+    toolkit.mkdir()
+    npu = {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)}
+    unset = json.loads(run([*DOCTOR, "--json"], child_env(npu), check=False).stdout)
+    notes = [f["message"] for f in unset["findings"] if "HCCL_EXEC_TIMEOUT" in f["message"]]
+    assert len(notes) == 1 and unset["ok"], unset["findings"]
+    assert "waits HCCL's default 1836 s" in notes[0]
+    assert (
+        "trinity/trainer/verl/workers.py:302" in notes[0] and "export HCCL_EXEC_TIMEOUT=<seconds>" in notes[0]
+    )
+    bounded = json.loads(
+        run([*DOCTOR, "--json"], child_env(npu | {"HCCL_EXEC_TIMEOUT": "600"}), check=False).stdout
+    )
+    assert not [f for f in bounded["findings"] if "HCCL_EXEC_TIMEOUT" in f["message"]]
+    assert {"check": "HCCL_EXEC_TIMEOUT", "status": "ok", "detail": "600 s"} in bounded["ascend"]
+    cpu = run(DOCTOR, child_env(), check=False)
+    assert "HCCL_EXEC_TIMEOUT is unset" not in cpu.stdout
 
 
 def test_no_automatic_activation_on_an_npu_host_is_an_error(tmp_path: Path) -> None:
