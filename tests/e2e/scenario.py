@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from npu_compat import _timeline
@@ -139,6 +139,105 @@ class _LogWatch:
         for name in fresh:
             self.found[name] = now
         return fresh
+
+
+@dataclass
+class Running:
+    """What :func:`run`'s ``during`` hook sees of a run in progress, once per poll of its logs.
+
+    ``found`` maps each stage or ``watch_for`` pattern seen so far to its seconds after ``started``
+    (``time.monotonic()`` when the drivers started); ``reports`` is the per-process reports' directory.
+    Only the driver's output under ``out`` is complete while the run goes (Ray's logs are copied there at
+    its end).
+    A hook that acts (a fault) records what it did in ``notes``, which the summary carries.
+    """
+
+    started: float
+    found: dict[str, float]
+    drivers: list[subprocess.Popen[bytes]]
+    reports: Path
+    out: Path  # the run's output directory: ``driver.log`` grows there
+    notes: dict[str, object] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+
+class ProcessRecord:
+    """Every process a run started, as this harness saw it: a walk of ``/proc`` at each poll, from the
+    cluster's ``ray start`` processes and the drivers down, keyed by PID with its start time (so that a
+    PID the kernel reuses later is not taken for the same process).
+
+    ``baseline`` is the cluster's own processes before any driver ran (GCS, raylet, dashboard...); what
+    appears later is the run's.  Only PIDs from this record are ever checked afterwards, never names.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[int, str]] = {}
+        self.baseline: set[int] = set()
+
+    @staticmethod
+    def _stat(pid: int) -> tuple[int, int] | None:
+        """``(ppid, starttime)`` of a live process, or ``None``."""
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            return None
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if fields[0] == b"Z":  # a zombie has ended: only its parent has not read its status yet
+            return None
+        return int(fields[1]), int(fields[19])
+
+    @staticmethod
+    def _name(pid: int) -> str:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return "?"
+        words = [a.decode(errors="replace") for a in argv if a][:4]
+        return " ".join(os.path.basename(w) if i == 0 else w for i, w in enumerate(words))[:120]
+
+    def sample(self, roots: list[int]) -> None:
+        children: dict[int, list[int]] = {}
+        stats: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                stat = self._stat(int(entry.name))
+                if stat is not None:
+                    children.setdefault(stat[0], []).append(int(entry.name))
+                    stats[int(entry.name)] = stat[1]
+        todo = [pid for pid in roots if pid in stats]
+        while todo:
+            pid = todo.pop()
+            if pid not in self.seen or self.seen[pid][0] != stats[pid]:
+                self.seen[pid] = (stats[pid], self._name(pid))
+            todo += children.get(pid, [])
+
+    def add(self, pids: list[int]) -> None:
+        """PIDs known from elsewhere (the per-process reports), if they are alive now."""
+        for pid in pids:
+            stat = self._stat(pid)
+            if stat is not None and pid not in self.seen:
+                self.seen[pid] = (stat[1], self._name(pid))
+
+    def alive(self, *, run_only: bool = False) -> dict[int, str]:
+        """The recorded processes still alive (the same process: same start time), by PID."""
+        out = {}
+        for pid, (start, name) in self.seen.items():
+            stat = self._stat(pid)
+            if stat is not None and stat[1] == start and not (run_only and pid in self.baseline):
+                out[pid] = name
+        return out
+
+
+def report_pids(reports: Path) -> dict[int, str]:
+    """PID -> what the process was (its Ray actor class, else its role), from the per-process reports."""
+    out = {}
+    for path in sorted(reports.glob("*.json")) if reports.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            report = json.loads(path.read_text())
+            out[int(report["pid"])] = str((report.get("ray") or {}).get("actor_class") or report.get("role"))
+    return out
 
 
 def host_memory_used() -> int:
@@ -268,8 +367,13 @@ def run(
     settle_after: tuple[str, float] | None = None,
     model: Path | None = None,
     npus: int = 2,
+    cpus: int | None = None,
     edit: Callable[[str], str] | None = None,
     name: str = "",
+    env: dict[str, str] | None = None,
+    watch_for: dict[str, str] | None = None,
+    during: Callable[[Running], None] | None = None,
+    linger_s: float = 0.0,
 ) -> dict[str, object]:
     """Run the scenario once; return its summary (see the module docstring).
 
@@ -280,8 +384,17 @@ def run(
     ``settle_after=(stage, seconds)``: the same, that many seconds after ``stage`` first appeared with no
     stage after it (a run known to hang there is not kept waiting for the whole bound).
     ``model``: the tiny model directory an earlier run made (:func:`make_model`); ``None`` makes one in ``out``.
-    ``npus``: the cluster's ``{"NPU": npus}`` (one node).  ``edit``: a change of the bundled config's text for
+    ``npus``: the cluster's ``{"NPU": npus}`` (one node); ``cpus`` its CPUs (default ``max(4, 2 * npus)``: verl's
+    trainer bundles take 3 CPUs each, the rollout's 1).  ``edit``: a change of the bundled config's text for
     another shape of run (``name`` names that config's file), applied after ``cluster``'s and ``sync_method``'s.
+    ``env``: variables added to every process's environment (the cluster's and the drivers').
+
+    For faults (``tests/faults``): ``watch_for`` adds patterns to the stages; ``during`` is called once per
+    poll with the :class:`Running` run, and may act on it.  The summary's ``ended_s`` is when the drivers
+    had all ended (seconds after their start, to one poll), ``notes`` what ``during`` recorded, and
+    ``processes``: with ``linger_s`` > 0, the run's processes (:class:`ProcessRecord`, less the cluster's
+    own) still alive that long after the drivers ended, with the cluster still up -- as a user's cluster
+    stays -- and, after the cluster was stopped, every recorded process still alive.
     """
     say = progress or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
@@ -290,7 +403,8 @@ def run(
     if model is None:
         say("making the tiny model (tests/e2e/tiny_model.py)")
         model = make_model(out / "tiny-model")
-    env = _env(mode, workdir, model)
+    extra_env = env or {}
+    env = _env(mode, workdir, model) | extra_env
     prefix = [sys.executable, "-m", "npu_compat"] if mode == "compat" else None
     trinity = str(Path(sys.executable).with_name("trinity"))
     if cluster == "split":
@@ -308,7 +422,11 @@ def run(
     how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
     say(f"starting the simulated NPU-only Ray cluster ({{'NPU': {npus}}}, no GPU; {how})")
     with npu_ray_cluster(
-        npus_per_node=npus, cpus_per_node=max(4, 2 * npus), env=env, command_prefix=prefix, start_timeout=180
+        npus_per_node=npus,
+        cpus_per_node=cpus or max(4, 2 * npus),
+        env=env,
+        command_prefix=prefix,
+        start_timeout=180,
     ) as ray_cluster:
         driver_env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
         say(f"running {what}")
@@ -316,6 +434,11 @@ def run(
         patterns = {name: pattern for name, pattern in STAGES}
         patterns |= {f"boundary: {label}": pattern for label, pattern in BOUNDARIES.items()}
         patterns["infeasible"] = INFEASIBLE
+        patterns |= watch_for or {}
+        record = ProcessRecord()
+        cluster_pids = [proc.pid for proc in ray_cluster.processes]
+        record.sample(cluster_pids)
+        record.baseline = set(record.seen)
         logs = ray_cluster.temp_dir / "session_latest" / "logs"
         # one driver: driver.log; two: driver.<mode>.log each, joined into driver.log once both ended
         outputs = {m: out / ("driver.log" if len(configs) == 1 else f"driver.{m}.log") for m in configs}
@@ -335,12 +458,25 @@ def run(
                         start_new_session=True,
                     )
                 )
+            running = Running(started, watch.found, procs, workdir / "reports", out)
+            roots = [*cluster_pids, *(proc.pid for proc in procs)]
+
+            def hook() -> None:
+                record.sample(roots)
+                if during is not None:
+                    during(running)
+
             try:
-                summary["rc"] = _wait(procs, started + timeout, watch, say, stuck_after, settle_after)
+                summary["rc"] = _wait(procs, started + timeout, watch, say, stuck_after, settle_after, hook)
             finally:
                 for proc in procs:
                     if proc.poll() is None:  # an exception or an interrupt: the drivers go too
                         _stop_group(proc)
+            summary["ended_s"] = running.elapsed()
+            summary["notes"] = running.notes
+            record.add(list(report_pids(workdir / "reports")))
+            if linger_s > 0:
+                summary["processes"] = _linger(record, roots, linger_s, workdir / "reports")
         if len(configs) > 1:
             (out / "driver.log").write_bytes(b"".join(path.read_bytes() for path in outputs.values()))
         summary["wall_s"] = round(time.monotonic() - started, 1)
@@ -351,6 +487,11 @@ def run(
         say("collecting the logs and the per-process reports; stopping the Ray cluster")
         _collect(ray_cluster.temp_dir, out)
         shutil.copy(ray_cluster.log, out / "ray-start.log")
+    if linger_s > 0:
+        processes = summary["processes"]
+        assert isinstance(processes, dict)
+        processes["left_after_cluster_stop"] = {str(pid): name for pid, name in record.alive().items()}
+        processes["recorded"] = len(record.seen)
     summary["stages"] = stages_reached(out)
     summary["first_error"] = first_error(out)
     text = all_logs(out)
@@ -370,6 +511,7 @@ def _wait(
     say: Callable[[str], None],
     stuck_after: float | None,
     settle_after: tuple[str, float] | None = None,
+    hook: Callable[[], None] | None = None,
 ) -> int | str:
     """The drivers' exit status, ``"timeout"`` at the deadline or ``"stuck"`` (see :func:`run`).
 
@@ -393,6 +535,8 @@ def _wait(
         time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
         for name in watch.poll():
             say(f"  +{watch.found[name]:.0f} s in the run: {_describe(name)}")
+        if hook is not None:
+            hook()
         if time.monotonic() >= deadline:
             return stop("timeout")
         seen = watch.found.get("infeasible")
@@ -406,6 +550,25 @@ def _wait(
             if not later and time.monotonic() - watch.started >= watch.found[stage] + seconds:
                 say(f"stopping the driver: no stage after {stage} {seconds:.0f} s later")
                 return stop("stuck")
+
+
+def _linger(record: ProcessRecord, roots: list[int], seconds: float, reports: Path) -> dict[str, object]:
+    """Watch the run's processes for ``seconds`` after its drivers ended, the cluster still up: when the
+    last of them ended, or which were still alive at the end (PID -> name, and what its report says)."""
+    ended = time.monotonic()
+    left = record.alive(run_only=True)
+    while left and time.monotonic() - ended < seconds:
+        time.sleep(1.0)
+        record.sample(roots)  # a process started after the last poll (a shutdown's own) counts too
+        left = record.alive(run_only=True)
+    known = report_pids(reports)
+    return {
+        "all_gone_after_s": None if left else round(time.monotonic() - ended, 1),
+        "left_after_driver": {
+            str(pid): f"{name} [{known.get(pid, 'no report')}]" for pid, name in left.items()
+        },
+        "lingered_s": seconds,
+    }
 
 
 def _describe(name: str) -> str:
