@@ -476,7 +476,7 @@ def run(
             summary["notes"] = running.notes
             record.add(list(report_pids(workdir / "reports")))
             if linger_s > 0:
-                summary["processes"] = _linger(record, roots, linger_s, workdir / "reports")
+                summary["processes"] = _linger(record, roots, linger_s, workdir / "reports", logs)
         if len(configs) > 1:
             (out / "driver.log").write_bytes(b"".join(path.read_bytes() for path in outputs.values()))
         summary["wall_s"] = round(time.monotonic() - started, 1)
@@ -552,21 +552,42 @@ def _wait(
                 return stop("stuck")
 
 
-def _linger(record: ProcessRecord, roots: list[int], seconds: float, reports: Path) -> dict[str, object]:
+def pool_workers(logs: Path) -> set[int]:
+    """PIDs of the cluster's idle Ray workers: started by the raylet for no job (job id ``ffffffff`` in the
+    names of their log files, Ray's own record), to be leased later. They are the cluster's, as its
+    raylet is, not a run's."""
+    found = set()
+    for path in logs.glob("worker-*-ffffffff-*.out") if logs.is_dir() else []:
+        with contextlib.suppress(ValueError):
+            found.add(int(path.stem.rsplit("-", 1)[1]))
+    return found
+
+
+def _linger(
+    record: ProcessRecord, roots: list[int], seconds: float, reports: Path, logs: Path
+) -> dict[str, object]:
     """Watch the run's processes for ``seconds`` after its drivers ended, the cluster still up: when the
-    last of them ended, or which were still alive at the end (PID -> name, and what its report says)."""
+    last of them ended, or which were still alive at the end (PID -> name, and what its report says).
+    The cluster's idle pool workers (:func:`pool_workers`) are listed apart, not as the run's."""
     ended = time.monotonic()
-    left = record.alive(run_only=True)
+
+    def left_by_run() -> dict[int, str]:
+        alive = record.alive(run_only=True)
+        return {pid: name for pid, name in alive.items() if pid not in pool_workers(logs)}
+
+    left = left_by_run()
     while left and time.monotonic() - ended < seconds:
         time.sleep(1.0)
         record.sample(roots)  # a process started after the last poll (a shutdown's own) counts too
-        left = record.alive(run_only=True)
+        left = left_by_run()
     known = report_pids(reports)
+    pool = {pid: name for pid, name in record.alive(run_only=True).items() if pid in pool_workers(logs)}
     return {
         "all_gone_after_s": None if left else round(time.monotonic() - ended, 1),
         "left_after_driver": {
             str(pid): f"{name} [{known.get(pid, 'no report')}]" for pid, name in left.items()
         },
+        "cluster_pool_workers": {str(pid): name for pid, name in pool.items()},
         "lingered_s": seconds,
     }
 

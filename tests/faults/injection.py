@@ -174,6 +174,7 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
         "rc": result["rc"],
         "first_error": result["first_error"],
         "left_after_driver": processes["left_after_driver"],
+        "cluster_pool_workers": processes["cluster_pool_workers"],
         "all_gone_after_s": processes["all_gone_after_s"],
         "left_after_cluster_stop": processes["left_after_cluster_stop"],
         "run": result,
@@ -283,14 +284,16 @@ FAULTS: dict[str, Fault] = {
         bound=f"none configured: the run must end with the error (within {BOUND_S} s here)",
         env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": "24MiB"},
         watch=OUT_OF_MEMORY,
+        exits=0,  # torch_npu's error ends the Trainer; `trinity run` drops that (trinity/cli/launcher.py:416)
     ),
-    # the rollout alone (mode explore), on 2 MiB: its KV cache has no room
+    # the rollout alone (mode explore), on 32 KiB: its weights fit (about 24 KiB in bfloat16), one KV-cache
+    # block of 128 tokens (8 KiB) does not (2 MiB still held 17,920 tokens)
     "npu_memory_out_in_rollout": Fault(
         "npu_memory_out_in_rollout",
         at="out_of_memory",
         act=memory_ran_out,
         bound=f"none configured: the run must end with the error (within {BOUND_S} s here)",
-        env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": "2MiB"},
+        env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": "32KiB"},
         watch=OUT_OF_MEMORY,
         cluster="explore",
     ),
@@ -306,5 +309,8 @@ FAULTS: dict[str, Fault] = {
         at="train_step_started",
         act=signal_driver(signal.SIGTERM),
         bound=f"synchronizer.sync_timeout {BOUND_S} s (Trinity's shutdown wait)",
+        # Ray's driver turns SIGTERM into an abort ("*** SIGTERM received ***" from its C++ failure-signal
+        # handler, logging.cc:474), as it does for any Ray driver on any device: the shell sees 134
+        exits=-signal.SIGABRT,
     ),
 }
