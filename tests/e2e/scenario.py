@@ -325,6 +325,15 @@ def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode
     return path
 
 
+def replaced(text: str, pairs: list[tuple[str, str]]) -> str:
+    """``text`` (a config) with each ``(old, new)`` replaced once; an ``old`` it lacks is an error."""
+    for old, new in pairs:
+        if old not in text:
+            raise ValueError(f"the bundled config has no {old!r}")
+        text = text.replace(old, new, 1)
+    return text
+
+
 def _edited(config: Path, edit: Callable[[str], str], workdir: Path, name: str) -> Path:
     """A copy of ``config`` changed by ``edit`` (which must change it), written as ``<stem>.<name>.yaml``."""
     text = config.read_text()

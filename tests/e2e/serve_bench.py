@@ -53,24 +53,16 @@ _EVAL = f"""\
 """
 
 
-def _replace(text: str, pairs: list[tuple[str, str]]) -> str:
-    for old, new in pairs:
-        if old not in text:
-            raise ValueError(f"the bundled config has no {old!r}")
-        text = text.replace(old, new, 1)
-    return text
-
-
 def train_config(text: str) -> str:
     """The bundled run (mode ``both``, ``nccl``, 2 steps), saving the trainer's checkpoint after every step."""
-    return _replace(text, [("  save_interval: 0\n", "  save_interval: 1\n")])
+    return scenario.replaced(text, [("  save_interval: 0\n", "  save_interval: 1\n")])
 
 
 def bench_config(checkpoint_root: Path) -> Callable[[str], str]:
     """Mode ``bench`` over ``checkpoint_root`` (a finished run's, same project and name), with an eval taskset."""
 
     def edit(text: str) -> str:
-        return _replace(text, [
+        return scenario.replaced(text, [
             ("\nmode: both\n", "\nmode: bench\n"),
             ("checkpoint_root_dir: ${oc.env:E2E_WORKDIR}/checkpoints\n", f"checkpoint_root_dir: {checkpoint_root}\n"),
             ("  trainer_input:\n", _EVAL + "  trainer_input:\n"),
@@ -83,7 +75,7 @@ def serve_config(port: int) -> Callable[[str], str]:
     """Mode ``serve``: the proxy on ``port`` of every address (``listen_address`` 0.0.0.0, Trinity's default)."""
 
     def edit(text: str) -> str:
-        return _replace(text, [
+        return scenario.replaced(text, [
             ("\nmode: both\n", "\nmode: serve\n"),
             ("explorer:\n  eval_interval", f"explorer:\n  proxy_port: {port}\n  listen_address: 0.0.0.0\n  eval_interval"),
         ])  # fmt: skip

@@ -30,14 +30,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _replace(pairs: list[tuple[str, str]]) -> Any:
-    def edit(text: str) -> str:
-        for old, new in pairs:
-            if old not in text:
-                raise ValueError(f"the bundled config has no {old!r}")
-            text = text.replace(old, new, 1)
-        return text
-
-    return edit
+    return lambda text: scenario.replaced(text, pairs)
 
 
 #: Two engines of TP 2 for the rollout (four NPUs) and two NPUs for the trainer, on one node of six.

@@ -110,14 +110,6 @@ def signal_driver(sig: signal.Signals) -> Callable[[scenario.Running], str | Non
     return act
 
 
-def _replace(text: str, pairs: list[tuple[str, str]]) -> str:
-    for old, new in pairs:
-        if old not in text:
-            raise ValueError(f"the bundled config has no {old!r}")
-        text = text.replace(old, new, 1)
-    return text
-
-
 def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict[str, object]:
     """Run ``fault`` once; its row (see the module docstring) and the whole run's summary under ``run``."""
 
@@ -145,7 +137,7 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
         model=model,
         npus=fault.npus,
         cpus=fault.cpus,
-        edit=lambda text: _replace(text, BOUNDED + fault.edit),
+        edit=lambda text: scenario.replaced(text, BOUNDED + fault.edit),
         name=fault.name,
         env=ENV | fault.env,
         watch_for=fault.watch,
