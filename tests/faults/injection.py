@@ -54,7 +54,8 @@ def vllm_processes(known: dict[int, str]) -> list[int]:
 
 
 def one_trainer_rank(known: dict[int, str]) -> list[int]:
-    """One trainer rank of several: the ``WorkerDict`` actor started last (not rank 0, which starts first)."""
+    """One trainer rank of several: the ``WorkerDict`` actor with the highest PID, the last started (verl
+    starts rank 0 first)."""
     ranks = sorted(pid for pid, what in known.items() if what == "WorkerDict")
     return ranks[-1:] if len(ranks) > 1 else []
 

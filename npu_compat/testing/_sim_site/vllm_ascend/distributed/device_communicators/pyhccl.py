@@ -220,7 +220,7 @@ class PyHcclCommunicator:
         if isinstance(self.group, StatelessProcessGroup):
             if src == self.rank:
                 self.group.broadcast_obj(tensor.detach().cpu(), src=src)
-                self._wait_for_peers("HcclBroadcast")
+                _wait_for_peers(self, "HcclBroadcast")
             else:
                 received = self.group.broadcast_obj(None, src=src)
                 if received.shape != tensor.shape or received.dtype != tensor.dtype:
@@ -230,32 +230,38 @@ class PyHcclCommunicator:
                     )
                 with torch.no_grad():
                     tensor.copy_(received)
-                self._took_part()
+                _took_part(self)
         else:
             dist.broadcast(tensor, src=dist.get_process_group_ranks(self.group)[src], group=self.group)
 
-    # -- a collective's end: every rank took part (StatelessProcessGroup only) ------------------------
 
-    def _done_key(self) -> str:
-        return f"pyhccl/{self.unique_id[:8].hex()}/done/{self._ops}"
+# -- a collective's end: every rank took part (StatelessProcessGroup only) ---------------------------
+# Module functions, not methods: the class keeps the real one's methods, no more.
 
-    def _took_part(self) -> None:
-        self.group.store.add(self._done_key(), 1)
-        self._ops += 1
 
-    def _wait_for_peers(self, op: str) -> None:
-        """The source's side of a collective: wait, within ``HCCL_EXEC_TIMEOUT``, until every other
-        rank has taken part; raise as HCCL's task does when one never does."""
-        key, peers, bound = self._done_key(), self.world_size - 1, exec_timeout_s()
-        self._ops += 1
-        deadline = time.monotonic() + bound
-        pause = 0.0005
-        while (done := self.group.store.add(key, 0)) < peers:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"simulated HCCL: {op} from rank {self.rank} of {self.world_size} did not complete "
-                    f"within HCCL_EXEC_TIMEOUT={bound:g} s: {peers - done} of {peers} peer ranks never took "
-                    "part (a peer process gone, or stuck before this collective)"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+def _done_key(comm: PyHcclCommunicator) -> str:
+    return f"pyhccl/{comm.unique_id[:8].hex()}/done/{comm._ops}"
+
+
+def _took_part(comm: PyHcclCommunicator) -> None:
+    """A receiver's side of a collective: tell the source it took part."""
+    comm.group.store.add(_done_key(comm), 1)
+    comm._ops += 1
+
+
+def _wait_for_peers(comm: PyHcclCommunicator, op: str) -> None:
+    """The source's side of a collective: wait, within ``HCCL_EXEC_TIMEOUT``, until every other rank has
+    taken part; raise as HCCL's task does when one never does."""
+    key, peers, bound = _done_key(comm), comm.world_size - 1, exec_timeout_s()
+    comm._ops += 1
+    deadline = time.monotonic() + bound
+    pause = 0.0005
+    while (done := comm.group.store.add(key, 0)) < peers:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"simulated HCCL: {op} from rank {comm.rank} of {comm.world_size} did not complete "
+                f"within HCCL_EXEC_TIMEOUT={bound:g} s: {peers - done} of {peers} peer ranks never took "
+                "part (a peer process gone, or stuck before this collective)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
