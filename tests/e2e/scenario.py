@@ -232,12 +232,14 @@ class ProcessRecord:
 
 def report_pids(reports: Path) -> dict[int, str]:
     """PID -> what the process was (its Ray actor class, else its role), from the per-process reports."""
-    out = {}
-    for path in sorted(reports.glob("*.json")) if reports.is_dir() else []:
-        with contextlib.suppress(OSError, ValueError):
-            report = json.loads(path.read_text())
-            out[int(report["pid"])] = str((report.get("ray") or {}).get("actor_class") or report.get("role"))
-    return out
+    found = read_reports(str(reports)) if reports.is_dir() else []
+    return {int(str(r["pid"])): _what(r) for r in found}
+
+
+def _what(report: dict[str, object]) -> str:
+    """What a reported process was: its Ray actor class where it has one, else its role."""
+    ray = report.get("ray")
+    return str((ray.get("actor_class") if isinstance(ray, dict) else None) or report.get("role"))
 
 
 def host_memory_used() -> int:
@@ -581,8 +583,8 @@ def _linger(
     ended = time.monotonic()
 
     def left_by_run() -> dict[int, str]:
-        alive = record.alive(run_only=True)
-        return {pid: name for pid, name in alive.items() if pid not in pool_workers(logs)}
+        pool = pool_workers(logs)
+        return {pid: name for pid, name in record.alive(run_only=True).items() if pid not in pool}
 
     left = left_by_run()
     while left and time.monotonic() - ended < seconds:
@@ -590,7 +592,8 @@ def _linger(
         record.sample(roots)  # a process started after the last poll (a shutdown's own) counts too
         left = left_by_run()
     known = report_pids(reports)
-    pool = {pid: name for pid, name in record.alive(run_only=True).items() if pid in pool_workers(logs)}
+    idle = pool_workers(logs)
+    pool = {pid: name for pid, name in record.alive(run_only=True).items() if pid in idle}
     return {
         "all_gone_after_s": None if left else round(time.monotonic() - ended, 1),
         "left_after_driver": {
@@ -620,7 +623,7 @@ def applied_by_process(reports: Path) -> dict[str, list[str]]:
     out: dict[str, set[str]] = {}
     for path in sorted(reports.glob("*.json")) if reports.is_dir() else []:
         report = json.loads(path.read_text())
-        key = str((report.get("ray") or {}).get("actor_class") or report.get("role"))
+        key = _what(report)
         applied = {p["id"] for p in report.get("patches", []) if p.get("status") == "applied"}
         if applied - {i for i in applied if i.startswith(("ray.", "torch."))}:
             out.setdefault(key, set()).update(applied)

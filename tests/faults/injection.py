@@ -230,6 +230,23 @@ OUT_OF_MEMORY = {
     "out_of_memory": r"NPU out of memory|No available memory for the cache blocks|Free memory on device"
 }
 
+
+def out_of_memory(name: str, capacity: str, cluster: str = "auto") -> Fault:
+    """The device's memory fault: every simulated NPU holds ``capacity``; its point is where it first ran
+    out.  No bound is configured: the run must end with the error.  Trinity exits 0 after it -- the stage
+    fails and `trinity run` drops that (trinity/cli/launcher.py:416)."""
+    return Fault(
+        name,
+        at="out_of_memory",
+        act=memory_ran_out,
+        bound=f"none configured: the run must end with the error (within {BOUND_S} s here)",
+        env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": capacity},
+        watch=OUT_OF_MEMORY,
+        exits=0,
+        cluster=cluster,
+    )
+
+
 #: The faults of issue 27, each at its named point of the bundled run (items 1-5).
 FAULTS: dict[str, Fault] = {
     # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
@@ -270,28 +287,11 @@ FAULTS: dict[str, Fault] = {
     ),
     # the trainer's peak in the bundled run is 31.4 MiB (verl's perf/max_memory_allocated_gb 0.0314) and
     # the rollout fits in far less: 24 MiB per NPU runs out in the trainer's step, not before it
-    "npu_memory_out_in_trainer": Fault(
-        "npu_memory_out_in_trainer",
-        at="out_of_memory",
-        act=memory_ran_out,
-        bound=f"none configured: the run must end with the error (within {BOUND_S} s here)",
-        env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": "24MiB"},
-        watch=OUT_OF_MEMORY,
-        exits=0,  # torch_npu's error ends the Trainer; `trinity run` drops that (trinity/cli/launcher.py:416)
-    ),
+    "npu_memory_out_in_trainer": out_of_memory("npu_memory_out_in_trainer", "24MiB"),
     # the rollout alone (mode explore), on 32 KiB: its weights fit (about 24 KiB in bfloat16), and the profile
     # run that sizes its KV cache (vllm-ascend's determine_available_memory) runs out (2 MiB still held 17,920
     # tokens of KV cache); the Explorer fails to prepare and `trinity run` exits 0 (launcher.py:416)
-    "npu_memory_out_in_rollout": Fault(
-        "npu_memory_out_in_rollout",
-        at="out_of_memory",
-        act=memory_ran_out,
-        bound=f"none configured: the run must end with the error (within {BOUND_S} s here)",
-        env={"NPU_COMPAT_SIMULATE_NPU_MEMORY": "32KiB"},
-        watch=OUT_OF_MEMORY,
-        exits=0,
-        cluster="explore",
-    ),
+    "npu_memory_out_in_rollout": out_of_memory("npu_memory_out_in_rollout", "32KiB", cluster="explore"),
     "ctrl_c_mid_run": Fault(
         "ctrl_c_mid_run",
         at="train_step_started",
