@@ -75,6 +75,9 @@ class Fault:
     #: where Trinity itself never ends after this fault, on any device: the upstream file:line (the harness
     #: then stops the driver HUNG_AFTER_S past the bound, and the test asserts that it had to)
     hangs: str | None = None
+    #: a ``watch`` name: the first error the user sees, which must show within BOUND_S + MARGIN_S of the
+    #: fault even where the driver's end has a longer bound (Trinity's own waits after the error)
+    error_at: str | None = None
     npus: int = 2
     cpus: int | None = None
     edit: list[tuple[str, str]] = field(default_factory=list)
@@ -153,10 +156,15 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
     assert isinstance(ended, float)
     processes = result["processes"]
     assert isinstance(processes, dict)
+    stages = result["stage_s"]
+    assert isinstance(stages, dict)
     return {
         "fault": fault.name,
         "injected_s": injected,
         "did": notes.get("did"),
+        "error_after_s": None
+        if injected is None or fault.error_at not in stages
+        else round(float(stages[fault.error_at]) - float(injected), 1),
         "surfaced_after_s": None
         if injected is None or "hung_s" in notes
         else round(ended - float(injected), 1),
@@ -174,19 +182,21 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
     }
 
 
-class _StopThenKillInWeightSync:
-    """The rollout dies inside a weight sync (``sync_method: nccl``), between the trainer's ``Starting NCCL
-    weight sync broadcast.`` and its end.
+class StopThenKill:
+    """Stop processes at one line of the driver's output and kill them at a later one.
 
-    The sync after train step 1 lasts well under a second, and the harness reads the logs every 2 s, so
-    a thread follows the driver's output every 50 ms instead, from the moment the weight-sync group has
-    formed.  When the Explorer starts its sync of step 1 it stops the rollout's vLLM processes
-    (SIGSTOP), so that they cannot take part; when the trainer then starts that sync's broadcast (its
-    second; the first is the sync before step 1) it kills them (SIGKILL).  The kill is the injection.
+    Trinity's steps and syncs last about a second here, and the harness reads the logs every 2 s, so a
+    fault meant for the inside of one is pinned with two lines instead: a thread follows the driver's
+    output (every actor's log reaches it) every 50 ms, from the moment the fault's point is reached.
+    At ``stop_at`` it stops the processes ``select`` picks (SIGSTOP), so that they can take part in
+    nothing after it; once ``kill_at`` has appeared ``count`` times, it kills them (SIGKILL).  The kill
+    is the injection: whatever the others began after ``stop_at`` is waiting for the dead processes.
     """
 
-    SYNC_1 = b"Explorer sync_weights at step 1 started"
-    BROADCAST = b"Starting NCCL weight sync broadcast."
+    def __init__(
+        self, select: Callable[[dict[int, str]], list[int]], stop_at: str, kill_at: str, count: int = 1
+    ) -> None:
+        self.select, self.stop_at, self.kill_at, self.count = select, stop_at, kill_at, count
 
     def __call__(self, run: scenario.Running) -> str | None:
         if "follower" not in run.notes:
@@ -196,22 +206,23 @@ class _StopThenKillInWeightSync:
 
     def _follow(self, run: scenario.Running) -> None:
         log = run.out / "driver.log"
+        stop_at, kill_at = self.stop_at.encode(), self.kill_at.encode()
         stopped: list[int] = []
         while all(proc.poll() is None for proc in run.drivers):
             text = log.read_bytes() if log.is_file() else b""
-            if not stopped and self.SYNC_1 in text:
-                stopped = vllm_processes(scenario.report_pids(run.reports))
+            if not stopped and stop_at in text:
+                stopped = self.select(scenario.report_pids(run.reports))
                 for pid in stopped:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGSTOP)
                 run.notes["stopped_s"] = run.elapsed()
-            if stopped and text.count(self.BROADCAST) >= 2:
+            if stopped and text.count(kill_at) >= self.count:
                 for pid in stopped:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 known = scenario.report_pids(run.reports)
                 run.notes["did"] = (
-                    "SIGSTOP at the Explorer's sync of step 1, SIGKILL once the trainer's broadcast began, to "
+                    f"SIGSTOP at {self.stop_at!r}, SIGKILL at {self.kill_at!r} (seen {self.count}x), to "
                     + ", ".join(f"{pid} ({known.get(pid, '?')})" for pid in stopped)
                 )
                 run.notes["injected_s"] = run.elapsed()
@@ -223,6 +234,14 @@ def memory_ran_out(run: scenario.Running) -> str | None:
     """No action: the device's memory is the run's setting; the fault's point is where it first ran out."""
     return "the simulated NPU's memory ran out (NPU_COMPAT_SIMULATE_NPU_MEMORY)"
 
+
+#: Lines of the driver's output (every actor's log reaches it) that pin a fault inside a step or a sync.
+EXPLORER_SYNC_1 = "Explorer sync_weights at step 1 started"
+BROADCAST = "Starting NCCL weight sync broadcast."
+TRAINER_SYNC_0_DONE = "Trainer sync_weights at step 0 finished."
+STEP_1 = "Training at step 1 started."
+STEP_1_DONE = "Training at step 1 finished."
+TRAINER_SYNC_1 = "Trainer sync_weights at step 1 started."
 
 #: Where the device's memory running out shows in the logs: torch_npu's error, or vLLM's own check of
 #: the memory left for the KV cache.
@@ -252,18 +271,29 @@ FAULTS: dict[str, Fault] = {
     # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
     # step left -- this one and the next of the run's two -- only at explorer.max_timeout; the launcher
     # then sees the Explorer finished (trinity/cli/launcher.py:279-291) and `trinity run` exits 0
+    # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
+    # step left -- this one and the next of the run's two -- only at explorer.max_timeout; the launcher
+    # then sees the Explorer finished and waits for the trainer, tears the weight sync down and shuts both
+    # down, each wait bounded by the config (below), and `trinity run` exits 0
     "rollout_killed_mid_explore": Fault(
         "rollout_killed_mid_explore",
         at="explore_step_started",
         act=signal_processes(vllm_processes, signal.SIGKILL),
-        bound=f"explorer.max_timeout x the explore steps left: 2 x {BOUND_S} s",
-        bound_s=2 * BOUND_S,
+        bound=(
+            f"the error: explorer.max_timeout {BOUND_S} s; the driver's end: Trinity's waits after it, "
+            f"2 explore steps x max_timeout {BOUND_S} s + the launcher's wait for the trainer (sync_timeout "
+            f"{BOUND_S} s, trinity/cli/launcher.py:287) + the weight-sync teardown (30 s, :308) + the "
+            f"shutdown (sync_timeout {BOUND_S} s, :312-316)"
+        ),
+        bound_s=2 * BOUND_S + BOUND_S + 30 + BOUND_S,
+        error_at="engine_dead",
+        watch={"engine_dead": r"EngineDeadError"},
         exits=0,
     ),
     "rollout_dies_in_weight_sync": Fault(
         "rollout_dies_in_weight_sync",
         at="weight_sync_group_formed",
-        act=_StopThenKillInWeightSync(),
+        act=StopThenKill(vllm_processes, stop_at=EXPLORER_SYNC_1, kill_at=BROADCAST, count=2),
         bound=f"HCCL_EXEC_TIMEOUT {BOUND_S} s (the trainer's broadcast); Trinity passes sync_timeout to neither side",
         # the trainer's broadcast raises at HCCL_EXEC_TIMEOUT and Trinity trains on, with stale weights
         # (trinity/trainer/trainer.py:240-245); the Explorer's side never returns
@@ -274,16 +304,36 @@ FAULTS: dict[str, Fault] = {
             "(trinity/common/models/vllm_model.py:557-561); the trainer then waits for step 2's experiences"
         ),
     ),
+    # the rank is stopped once the first weight sync is over and killed when step 1 begins, so the other
+    # rank's first collective of the step waits for a dead peer: Ray's ActorDiedError reaches the Trainer
+    # at once, the launcher logs "Explorer or Trainer failed", and `trinity run` exits 0 all the same: run()
+    # drops run_stage's StageStatus (trinity/cli/launcher.py:416)
     "trainer_rank_killed_mid_step": Fault(
         "trainer_rank_killed_mid_step",
-        at="train_step_started",
-        act=signal_processes(one_trainer_rank, signal.SIGKILL),
-        bound="the trainer group's timeout (verl passes none: torch's default) -- a dead peer must not wait for it",
-        # Ray's ActorDiedError reaches the launcher at once ("Explorer or Trainer failed"), and Trinity's
-        # `trinity run` exits 0 all the same: run() drops run_stage's StageStatus (trinity/cli/launcher.py:416)
+        at="weight_sync_group_formed",
+        act=StopThenKill(one_trainer_rank, stop_at=TRAINER_SYNC_0_DONE, kill_at=STEP_1),
+        bound=(
+            "the trainer group's timeout (verl passes none: torch's default 30 min) -- a dead peer must not "
+            f"wait for it; Trinity's shutdown waits after the error (sync_timeout {BOUND_S} s)"
+        ),
         exits=0,
         npus=3,  # Trinity gives the rollout 1 and the trainer 2
         cpus=8,  # verl's two trainer bundles take 3 CPUs each, the rollout's bundle 1
+    ),
+    # the rank is stopped once step 1 is over and killed when the Trainer starts the weight sync after it;
+    # the Explorer is already inside that sync, its vLLM workers waiting for the trainer's broadcast
+    "trainer_rank_killed_in_weight_sync": Fault(
+        "trainer_rank_killed_in_weight_sync",
+        at="weight_sync_group_formed",
+        act=StopThenKill(one_trainer_rank, stop_at=STEP_1_DONE, kill_at=TRAINER_SYNC_1),
+        bound=(
+            f"HCCL_EXEC_TIMEOUT {BOUND_S} s (the rollout's side of the broadcast), then Trinity's waits as "
+            "for a dead rollout"
+        ),
+        bound_s=2 * BOUND_S + BOUND_S + 30 + BOUND_S,
+        exits=0,
+        npus=3,
+        cpus=8,
     ),
     # the trainer's peak in the bundled run is 31.4 MiB (verl's perf/max_memory_allocated_gb 0.0314) and
     # the rollout fits in far less: 24 MiB per NPU runs out in the trainer's step, not before it

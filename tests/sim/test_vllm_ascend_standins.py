@@ -573,6 +573,47 @@ def test_pyhccl_broadcast_to_a_peer_that_never_takes_part_raises_at_hccl_exec_ti
     assert 3.0 <= outs[0]["seconds"] < 10.0, outs[0]
 
 
+PYHCCL_SOURCE_GONE = """
+import json, time
+import torch
+from vllm.distributed.utils import StatelessProcessGroup
+from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator
+
+rank, port = RANK, PORT
+pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=rank, world_size=2, store_timeout=60)
+comm = PyHcclCommunicator(pg, device=rank)
+got = torch.ones(4) if rank == 0 else torch.zeros(4)
+comm.broadcast(got, src=0)                                   # both take part: it completes
+out = {"first": got.tolist()}
+if rank == 1:
+    started = time.monotonic()
+    try:
+        comm.broadcast(torch.zeros(4), src=0)                # rank 0 never sends this one
+        out["second"] = "completed"
+    except RuntimeError as e:
+        out["second"] = str(e)
+    out["seconds"] = time.monotonic() - started
+    pg.broadcast_obj("done", src=1)
+else:
+    pg.broadcast_obj(None, src=1)                            # rank 0 (the store) stays until rank 1 is done
+print(json.dumps(out))
+"""
+
+
+def test_pyhccl_broadcast_from_a_source_that_never_sends_raises_at_hccl_exec_timeout() -> None:
+    """A receiver waits for the source within ``HCCL_EXEC_TIMEOUT``, as on the device -- not for the
+    group's store timeout (300 s by default in vLLM's ``StatelessProcessGroup``, 60 s here)."""
+    port = free_port()
+    scripts = [PYHCCL_SOURCE_GONE.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)]
+    outs = run_ranks(scripts, HCCL_EXEC_TIMEOUT="3")
+    assert outs[0]["first"] == outs[1]["first"] == [1.0] * 4
+    assert outs[1]["second"].startswith(
+        "simulated HCCL: HcclBroadcast to rank 1 of 2 did not complete within HCCL_EXEC_TIMEOUT=3 s: "
+        "source rank 0 never sent"
+    ), outs[1]
+    assert 3.0 <= outs[1]["seconds"] < 10.0, outs[1]
+
+
 PYHCCL_TORCH_PG = """
 import datetime, json
 import torch, torch.distributed as dist

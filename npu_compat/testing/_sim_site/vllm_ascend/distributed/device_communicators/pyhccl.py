@@ -33,6 +33,7 @@ simulated NPU tensor lives -- are accepted as being on it.
 
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -222,6 +223,7 @@ class PyHcclCommunicator:
                 self.group.broadcast_obj(tensor.detach().cpu(), src=src)
                 _wait_for_peers(self, "HcclBroadcast")
             else:
+                _wait_for_source(self, src, "HcclBroadcast")
                 received = self.group.broadcast_obj(None, src=src)
                 if received.shape != tensor.shape or received.dtype != tensor.dtype:
                     raise RuntimeError(
@@ -247,6 +249,23 @@ def _took_part(comm: PyHcclCommunicator) -> None:
     """A receiver's side of a collective: tell the source it took part."""
     comm.group.store.add(_done_key(comm), 1)
     comm._ops += 1
+
+
+def _wait_for_source(comm: PyHcclCommunicator, src: int, op: str) -> None:
+    """A receiver's side of a collective: wait, within ``HCCL_EXEC_TIMEOUT``, for the source's data (the
+    group's store would wait its own timeout, 300 s by default); raise as HCCL's task does."""
+    group = comm.group
+    assert isinstance(group, StatelessProcessGroup)
+    key = f"broadcast_from/{src}/{group.broadcast_recv_src_counter[src]}"  # broadcast_obj's next key
+    bound = exec_timeout_s()
+    try:
+        group.store.wait([key], timedelta(seconds=bound))
+    except RuntimeError as exc:  # torch's DistStoreError: the wait timed out, or the store is gone
+        raise RuntimeError(
+            f"simulated HCCL: {op} to rank {comm.rank} of {comm.world_size} did not complete within "
+            f"HCCL_EXEC_TIMEOUT={bound:g} s: source rank {src} never sent (a peer process gone, or stuck "
+            f"before this collective): {exc}"
+        ) from exc
 
 
 def _wait_for_peers(comm: PyHcclCommunicator, op: str) -> None:
