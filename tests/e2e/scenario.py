@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from npu_compat import _timeline
 from npu_compat._doctor import read_reports
@@ -262,13 +263,13 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-def _inherited() -> dict[str, str]:
+def inherited_env() -> dict[str, str]:
     """This process's environment without npu-compat's settings or a Ray address: a child decides those."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("NPU_COMPAT", "RAY_ADDRESS"))}
 
 
 def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
-    env = _inherited()
+    env = inherited_env()
     env["PYTHONPATH"] = str(REPO)  # the cluster's simulation_env puts the simulated host's sites first
     env.update(E2E_WORKDIR=str(workdir), E2E_MODEL=str(model), E2E_DATA=str(DATA))
     env["PYTHONUNBUFFERED"] = "1"
@@ -361,7 +362,7 @@ def make_model(directory: Path) -> Path:
     npu-compat off (a run only reads it: runs can share one)."""
     subprocess.run(
         [sys.executable, "-m", "tests.e2e.tiny_model", str(directory)],
-        env={**_inherited(), "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
+        env={**inherited_env(), "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     return directory
 
@@ -385,6 +386,7 @@ def run(
     watch_for: dict[str, str] | None = None,
     during: Callable[[Running], None] | None = None,
     linger_s: float = 0.0,
+    config: Path | None = None,
 ) -> dict[str, object]:
     """Run the scenario once; return its summary (see the module docstring).
 
@@ -399,6 +401,8 @@ def run(
     trainer bundles take 3 CPUs each, the rollout's 1).  ``edit``: a change of the bundled config's text for
     another shape of run (``name`` names that config's file), applied after ``cluster``'s and ``sync_method``'s.
     ``env``: variables added to every process's environment (the cluster's and the drivers').
+    ``config``: another shipped config than the bundled one (``examples/e2e/trinity_tiny_*.yaml``), run as
+    it is (``cluster`` and ``sync_method`` then change nothing; ``edit`` still applies).
 
     For faults (``tests/faults``): ``watch_for`` adds patterns to the stages; ``during`` is called once per
     poll with the :class:`Running` run, and may act on it.  The summary's ``ended_s`` is when the drivers
@@ -421,6 +425,9 @@ def run(
     if cluster == "split":
         sync_method = "checkpoint"
         configs = {m: _config(workdir, cluster, sync_method, m) for m in SPLIT}
+    elif config is not None:
+        stated = re.search(r"^mode: (\w+)$", config.read_text(), re.MULTILINE)
+        configs = {stated.group(1) if stated else "both": config}
     else:
         configs = {"both": _config(workdir, cluster, sync_method)}
     if edit is not None:
@@ -744,20 +751,24 @@ def trainer_checkpoint(out: Path, how: str = "loader") -> tuple[int, str] | None
     return int(steps[-1].parent.name[12:]), done.stdout.strip().splitlines()[-1]
 
 
-def train_steps(out: Path) -> list[dict[str, float]]:
-    """The Trainer's metrics of each step (its monitor's ``Step N: {...}`` line): reward and actor loss."""
+def trainer_metrics(out: Path) -> dict[int, dict[str, Any]]:
+    """The Trainer's metrics of each step, as its monitor logged them (``Step N: {...}``), all keys."""
     import ast
 
-    steps = []
-    for step, metrics in _TRAINER_STEP.findall(_driver_log(out)):
-        values = ast.literal_eval(metrics)
-        steps.append({
-            "step": int(step),
+    return {int(step): ast.literal_eval(metrics) for step, metrics in _TRAINER_STEP.findall(_driver_log(out))}
+
+
+def train_steps(out: Path) -> list[dict[str, float]]:
+    """The Trainer's metrics of each step (its monitor's ``Step N: {...}`` line): reward and actor loss."""
+    return [
+        {
+            "step": step,
             "reward_mean": values.get("critic/rewards/mean"),
             "pg_loss": values.get("actor/pg_loss"),
             "grad_norm": values.get("actor/grad_norm"),
-        })  # fmt: skip
-    return steps
+        }
+        for step, values in trainer_metrics(out).items()
+    ]
 
 
 def _driver_log(out: Path) -> str:

@@ -13,7 +13,6 @@ exists (tests/e2e/FINDINGS.md, "OpenAI API server").
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections import defaultdict
@@ -67,14 +66,6 @@ def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _trainer_metrics(out: Path) -> dict[int, dict[str, Any]]:
-    """The Trainer's metrics of each step, as its monitor logged them (``Step N: {...}``)."""
-    found = re.findall(
-        r"\(Trainer pid=\d+\).*\[monitor\.py:\d+\] Step (\d+): (\{.*\})", (out / "driver.log").read_text()
-    )
-    return {int(step): ast.literal_eval(metrics) for step, metrics in found}
-
-
 def test_compat_trains_two_grpo_steps_on_the_openai_api_history(tmp_path: Path, tiny_model: Path) -> None:
     """The rollout actor serves the OpenAI API on the (simulated) Ascend; the workflow's async and sync
     clients get ``n`` answers of at most ``max_tokens`` with token ids and ``top_logprobs`` logprobs; Trinity's
@@ -111,7 +102,7 @@ def test_compat_trains_two_grpo_steps_on_the_openai_api_history(tmp_path: Path, 
         assert responses == history["logprobs"], history
         assert all(n > 0 for n in history["logprobs"]), history
     # what each train step trained on is that explore step's history (the trainer's batch metrics)
-    metrics = _trainer_metrics(out)
+    metrics = scenario.trainer_metrics(out)
     for step in (1, 2):
         lengths = [
             (p, t - p)

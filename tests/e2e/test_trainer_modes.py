@@ -1,0 +1,166 @@
+"""Issue 25 item 3: SFT and DPO as Trinity's users run them -- ``mode: train`` on expert data.
+
+Each test is one ``python -m npu_compat trinity run`` of a config shipped with the examples
+(``examples/e2e/trinity_tiny_sft.yaml``, ``trinity_tiny_dpo.yaml``: Trinity's defaults but for the tiny
+model's lengths, two steps and a save interval) on a simulated NPU-only cluster of two NPUs: the trainer
+alone, FSDP2 at world size 2, no rollout.  It asserts what a user sees: the command exits 0, the
+Trainer's monitor logged steps 1 and 2 with the loss of the algorithm (finite), and the Hugging Face
+checkpoint Trinity saves last (its default ``save_hf_checkpoint: last``) loads in plain transformers on
+CPU, npu-compat off, holding weights that training changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import trinity_or_skip
+from tests.e2e import scenario
+
+TRINITY = trinity_or_skip(("0.6.",), "the SFT and DPO configs use trinity-rft 0.6's keys (stacks a, b)")
+
+pytestmark = [pytest.mark.many_processes]
+
+EXAMPLES = scenario.REPO / "examples" / "e2e"
+
+#: the config, and the metric that is its loss in the Trainer's monitor
+MODES = {
+    "sft": (EXAMPLES / "trinity_tiny_sft.yaml", "actor/sft_loss"),
+    "dpo": (EXAMPLES / "trinity_tiny_dpo.yaml", "actor/dpo_loss"),
+}
+
+
+#: Loads a Hugging Face model directory on CPU with plain transformers; prints its parameters' count and
+#: how many of its tensors differ from those of another directory (the model before training).
+_LOAD_ON_CPU = """
+import json, sys
+from transformers import AutoModelForCausalLM
+trained, initial = (AutoModelForCausalLM.from_pretrained(p) for p in sys.argv[1:3])
+before = initial.state_dict()
+after = trained.state_dict()
+print(json.dumps({
+    "device": str(next(trained.parameters()).device),
+    "parameters": sum(t.numel() for t in trained.parameters()),
+    "tensors": len(after),
+    "changed": sum(not after[k].float().equal(before[k].float()) for k in after),
+}))
+"""
+
+
+def load_on_cpu(checkpoint: Path, initial: Path) -> dict[str, object]:
+    """``checkpoint`` loaded by plain transformers on CPU, in a process of its own with npu-compat off."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_ON_CPU, str(checkpoint), str(initial)],
+        env={**scenario.inherited_env(), "NPU_COMPAT": "0"}, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def hf_checkpoints(out: Path) -> list[Path]:
+    """The Hugging Face model directories a run saved under its checkpoint root."""
+    return sorted(path.parent for path in (out / "work" / "checkpoints").rglob("huggingface/config.json"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return scenario.make_model(tmp_path_factory.mktemp("modes") / "tiny-model")
+
+
+@pytest.mark.parametrize("algorithm", sorted(MODES))
+def test_compat_trains_two_steps_of_an_offline_algorithm_on_its_expert_data(
+    algorithm: str, tmp_path: Path, tiny_model: Path
+) -> None:
+    config, loss = MODES[algorithm]
+    out = tmp_path / algorithm
+    result = scenario.run(
+        "compat",
+        out,
+        timeout=900,
+        model=tiny_model,
+        npus=2,
+        cpus=8,
+        config=config,
+        name=algorithm,
+        stuck_after=120,
+        progress=print,
+    )
+    print(result)
+    assert result["rc"] == 0, result
+    metrics = scenario.trainer_metrics(out)
+    print({step: {k: v for k, v in values.items() if "loss" in k} for step, values in metrics.items()})
+    assert sorted(metrics) == [1, 2], metrics
+    for step in (1, 2):
+        value = metrics[step].get(loss)
+        assert isinstance(value, float) and math.isfinite(value), (step, metrics[step])
+    saved = hf_checkpoints(out)
+    print(saved)
+    assert saved, "no Hugging Face checkpoint was saved (save_hf_checkpoint: last)"
+    loaded = load_on_cpu(saved[-1], tiny_model)
+    print(loaded)
+    assert loaded["device"] == "cpu" and loaded["tensors"], loaded
+    assert loaded["changed"], f"the saved weights are the initial ones: {loaded}"
+
+
+def _one_step(text: str) -> str:
+    return scenario.replaced(text, [("  total_steps: 2\n", "  total_steps: 1\n")])
+
+
+@pytest.mark.beyond_ci
+def test_compat_sft_resumes_from_its_step_1_checkpoint_with_the_uninterrupted_runs_step_2_loss(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Issue 25 item 6: a run saves at step 1 (``save_interval: 1``) and ends; a second run of the same
+    config in the same checkpoint directory, with Trinity's default ``continue_from_checkpoint: true``,
+    resumes from the saved ``npu`` tensors at step 2, and its step-2 loss equals the uninterrupted run's."""
+    config, loss = MODES["sft"]
+    run = functools.partial(
+        scenario.run, "compat", timeout=900, model=tiny_model, npus=2, cpus=8, config=config, stuck_after=120,
+        progress=print,
+    )  # fmt: skip
+    whole = run(tmp_path / "whole", name="sft")
+    assert whole["rc"] == 0, whole
+    expected = scenario.trainer_metrics(tmp_path / "whole")[2][loss]
+
+    out = tmp_path / "resumed"
+    first = run(out, edit=_one_step, name="sft-1-step")
+    assert first["rc"] == 0, first
+    assert sorted(scenario.trainer_metrics(out)) == [1]
+    (out / "driver.log").rename(out / "driver.first.log")
+    second = run(out, name="sft")
+    assert second["rc"] == 0, second
+    resumed = scenario.trainer_metrics(out)
+    print({"uninterrupted step 2": expected, "resumed": {k: v.get(loss) for k, v in resumed.items()}})
+    assert sorted(resumed) == [2], f"the second run did not resume at step 2: {sorted(resumed)}"
+    assert math.isclose(resumed[2][loss], expected, rel_tol=1e-6, abs_tol=1e-9), (resumed[2][loss], expected)
+
+
+def _fsdp1(text: str) -> str:
+    return scenario.replaced(text, [("  trainer_strategy: fsdp2\n", "  trainer_strategy: fsdp\n")])
+
+
+@pytest.mark.uses_verl  # verl 0.8's engine on stack a, Trinity's legacy fsdp_workers on verl 0.7.1 (stack b)
+@pytest.mark.beyond_ci
+def test_compat_both_trains_two_grpo_steps_with_fsdp1(tmp_path: Path, tiny_model: Path) -> None:
+    """Issue 25 item 5: the bundled GRPO run with ``trainer_strategy: fsdp`` (FSDP1, Trinity's test
+    template's strategy) instead of ``fsdp2``: two steps with a loss, and each weight sync leaves the
+    rollout holding what the trainer sent."""
+    out = tmp_path / "fsdp1"
+    result = scenario.run(
+        "compat", out, timeout=900, model=tiny_model, edit=_fsdp1, name="fsdp1", progress=print
+    )
+    print(result)
+    assert result["rc"] == 0, result
+    text = scenario.all_logs(out)
+    assert "Error in Trainer" not in text, result["first_error"]  # Trinity logs a trainer crash and exits 0
+    steps = scenario.train_steps(out)
+    print(steps)
+    assert [step["step"] for step in steps] == [1, 2], steps
+    assert all(step["pg_loss"] is not None and step["grad_norm"] is not None for step in steps), steps
+    syncs = scenario.weight_syncs(out)
+    assert len(syncs) == 3 and all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
