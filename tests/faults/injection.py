@@ -132,6 +132,12 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
             run.notes.update(injected_s=run.elapsed(), did=did)
 
     patience = fault.bound_s + MARGIN_S + HUNG_AFTER_S
+    # Ctrl-C reaches a driver whose SIGINT is at its default, as in a terminal.  A shell that starts this
+    # pytest as a background job ignores SIGINT in it, every child inherits that, and Python then installs
+    # no KeyboardInterrupt handler: the driver would run on.  A handler of this process's own is reset to
+    # the default in its children.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     result = scenario.run(
         "compat",
@@ -182,12 +188,48 @@ def measure(fault: Fault, out: Path, model: Path, timeout: float = 1500) -> dict
     }
 
 
-class StopThenKill:
+class _Follower:
+    """An action run by a thread that follows the driver's output (every actor's log reaches it) every
+    50 ms, from the moment the fault's point is reached.  Trinity's steps and syncs last about a second
+    here, and the harness reads the logs every 2 s: a fault meant for the inside of one is pinned to
+    the lines that open it instead.  :meth:`step` sees the output so far and returns what it did once it
+    injected the fault (the thread then records it), else None."""
+
+    def __call__(self, run: scenario.Running) -> str | None:
+        if "follower" not in run.notes:
+            run.notes["follower"] = "started"
+            threading.Thread(target=self._follow, args=(run,), daemon=True).start()
+        return None  # the thread records the injection itself
+
+    def step(self, run: scenario.Running, text: bytes) -> str | None:
+        raise NotImplementedError
+
+    def _follow(self, run: scenario.Running) -> None:
+        log = run.out / "driver.log"
+        while all(proc.poll() is None for proc in run.drivers):
+            did = self.step(run, log.read_bytes() if log.is_file() else b"")
+            if did is not None:
+                run.notes.update(did=did, injected_s=run.elapsed())
+                return
+            time.sleep(0.05)
+
+
+class AtLine(_Follower):
+    """``act`` once ``line`` appears in the driver's output."""
+
+    def __init__(self, line: str, act: Callable[[scenario.Running], str | None]) -> None:
+        self.line, self.act = line, act
+
+    def step(self, run: scenario.Running, text: bytes) -> str | None:
+        if self.line.encode() not in text:
+            return None
+        did = self.act(run)
+        return None if did is None else f"at {self.line!r}: {did}"
+
+
+class StopThenKill(_Follower):
     """Stop processes at one line of the driver's output and kill them at a later one.
 
-    Trinity's steps and syncs last about a second here, and the harness reads the logs every 2 s, so a
-    fault meant for the inside of one is pinned with two lines instead: a thread follows the driver's
-    output (every actor's log reaches it) every 50 ms, from the moment the fault's point is reached.
     At ``stop_at`` it stops the processes ``select`` picks (SIGSTOP), so that they can take part in
     nothing after it; once ``kill_at`` has appeared ``count`` times, it kills them (SIGKILL).  The kill
     is the injection: whatever the others began after ``stop_at`` is waiting for the dead processes.
@@ -198,36 +240,25 @@ class StopThenKill:
     ) -> None:
         self.select, self.stop_at, self.kill_at, self.count = select, stop_at, kill_at, count
 
-    def __call__(self, run: scenario.Running) -> str | None:
-        if "follower" not in run.notes:
-            run.notes["follower"] = "started"
-            threading.Thread(target=self._follow, args=(run,), daemon=True).start()
-        return None  # the thread records the injection itself
-
-    def _follow(self, run: scenario.Running) -> None:
-        log = run.out / "driver.log"
-        stop_at, kill_at = self.stop_at.encode(), self.kill_at.encode()
-        stopped: list[int] = []
-        while all(proc.poll() is None for proc in run.drivers):
-            text = log.read_bytes() if log.is_file() else b""
-            if not stopped and stop_at in text:
-                stopped = self.select(scenario.report_pids(run.reports))
-                for pid in stopped:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGSTOP)
-                run.notes["stopped_s"] = run.elapsed()
-            if stopped and text.count(kill_at) >= self.count:
-                for pid in stopped:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                known = scenario.report_pids(run.reports)
-                run.notes["did"] = (
-                    f"SIGSTOP at {self.stop_at!r}, SIGKILL at {self.kill_at!r} (seen {self.count}x), to "
-                    + ", ".join(f"{pid} ({known.get(pid, '?')})" for pid in stopped)
-                )
-                run.notes["injected_s"] = run.elapsed()
-                return
-            time.sleep(0.05)
+    def step(self, run: scenario.Running, text: bytes) -> str | None:
+        stopped = run.notes.get("stopped") or []
+        assert isinstance(stopped, list)
+        if not stopped and self.stop_at.encode() in text:
+            stopped = self.select(scenario.report_pids(run.reports))
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            run.notes.update(stopped=stopped, stopped_s=run.elapsed())
+        if not stopped or text.count(self.kill_at.encode()) < self.count:
+            return None
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        known = scenario.report_pids(run.reports)
+        return (
+            f"SIGSTOP at {self.stop_at!r}, SIGKILL at {self.kill_at!r} (seen {self.count}x), to "
+            + ", ".join(f"{pid} ({known.get(pid, '?')})" for pid in stopped)
+        )
 
 
 def memory_ran_out(run: scenario.Running) -> str | None:
@@ -344,15 +375,15 @@ FAULTS: dict[str, Fault] = {
     "npu_memory_out_in_rollout": out_of_memory("npu_memory_out_in_rollout", "32KiB", cluster="explore"),
     "ctrl_c_mid_run": Fault(
         "ctrl_c_mid_run",
-        at="train_step_started",
-        act=signal_driver(signal.SIGINT),
+        at="weight_sync_group_formed",
+        act=AtLine(STEP_1, signal_driver(signal.SIGINT)),
         bound=f"synchronizer.sync_timeout {BOUND_S} s (Trinity's shutdown wait)",
         exits=128 + signal.SIGINT,  # Trinity's launcher turns KeyboardInterrupt into the shell's 130
     ),
     "sigterm_mid_run": Fault(
         "sigterm_mid_run",
-        at="train_step_started",
-        act=signal_driver(signal.SIGTERM),
+        at="weight_sync_group_formed",
+        act=AtLine(STEP_1, signal_driver(signal.SIGTERM)),
         bound=f"synchronizer.sync_timeout {BOUND_S} s (Trinity's shutdown wait)",
         # Ray's driver turns SIGTERM into an abort ("*** SIGTERM received ***" from its C++ failure-signal
         # handler, logging.cc:474), as it does for any Ray driver on any device: the shell sees 134
