@@ -149,7 +149,7 @@ def _fsdp1(text: str) -> str:
 def test_compat_both_trains_two_grpo_steps_with_fsdp1(tmp_path: Path, tiny_model: Path) -> None:
     """Issue 25 item 5: the bundled GRPO run with ``trainer_strategy: fsdp`` (FSDP1, Trinity's test
     template's strategy) instead of ``fsdp2``: two steps with a loss, and each weight sync leaves the
-    rollout holding what the trainer sent."""
+    rollout holding what the trainer sent (in the rollout's dtype)."""
     out = tmp_path / "fsdp1"
     result = scenario.run(
         "compat", out, timeout=900, model=tiny_model, edit=_fsdp1, name="fsdp1", progress=print
@@ -163,4 +163,16 @@ def test_compat_both_trains_two_grpo_steps_with_fsdp1(tmp_path: Path, tiny_model
     assert [step["step"] for step in steps] == [1, 2], steps
     assert all(step["pg_loss"] is not None and step["grad_norm"] is not None for step in steps), steps
     syncs = scenario.weight_syncs(out)
-    assert len(syncs) == 3 and all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
+    assert len(syncs) == 3, syncs
+    # FSDP1 sends float32 (FSDP2 sends its bfloat16 parameters): the rollout, bfloat16 at Trinity's
+    # defaults, received exactly what was sent and holds exactly its conversion
+    converted = scenario.converted_loads(out)
+    print(converted)
+    if converted:
+        assert [load["received"] for load in converted] == [sync["sent"] for sync in syncs], (
+            converted,
+            syncs,
+        )
+        assert all(load["holds"] == load["expected"] for load in converted), converted
+    else:
+        assert all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
