@@ -532,86 +532,65 @@ def test_pyhccl_runs_collectives_over_a_stateless_process_group_across_two_proce
         assert out["op"].startswith("Unsupported op") and out["dtype"] == "Unsupported dtype: torch.bool"
 
 
-PYHCCL_PEER_GONE = """
+#: Two ranks broadcast once together; then rank WAITER makes a second broadcast from rank 0 that the other rank
+#: never takes part in (it stays until the waiter is done: rank 0 holds the group's store).
+PYHCCL_ONE_RANK_GONE = """
 import json, time
 import torch
 from vllm.distributed.utils import StatelessProcessGroup
 from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator
 
-rank, port = RANK, PORT
+rank, port, waiter = RANK, PORT, WAITER
 pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=rank, world_size=2, store_timeout=60)
 comm = PyHcclCommunicator(pg, device=rank)
 got = torch.ones(4) if rank == 0 else torch.zeros(4)
 comm.broadcast(got, src=0)                                   # both take part: it completes
 out = {"first": got.tolist()}
-if rank == 0:
-    pg.broadcast_obj("rank 1 may go", src=0)
+if rank == waiter:
     started = time.monotonic()
     try:
-        comm.broadcast(torch.ones(4), src=0)                 # rank 1 is gone: never acknowledged
+        comm.broadcast(torch.ones(4) if rank == 0 else torch.zeros(4), src=0)
         out["second"] = "completed"
     except RuntimeError as e:
         out["second"] = str(e)
     out["seconds"] = time.monotonic() - started
+    pg.broadcast_obj("done", src=waiter)
 else:
-    pg.broadcast_obj(None, src=0)                            # rank 1 leaves without the second broadcast
+    pg.broadcast_obj(None, src=waiter)                       # no second broadcast here
 print(json.dumps(out))
 """
+
+
+def _one_rank_gone(waiter: int) -> list[dict[str, Any]]:
+    port = free_port()
+    scripts = [
+        PYHCCL_ONE_RANK_GONE.replace("RANK", str(r)).replace("PORT", str(port)).replace("WAITER", str(waiter))
+        for r in range(2)
+    ]
+    outs = run_ranks(scripts, HCCL_EXEC_TIMEOUT="3")
+    assert outs[0]["first"] == outs[1]["first"] == [1.0] * 4
+    assert 3.0 <= outs[waiter]["seconds"] < 10.0, outs[waiter]
+    return outs
 
 
 def test_pyhccl_broadcast_to_a_peer_that_never_takes_part_raises_at_hccl_exec_timeout() -> None:
     """The source of a broadcast returns only once every rank took part, as on the device; a peer that
-    is gone makes it raise at ``HCCL_EXEC_TIMEOUT`` (not at once, and not never)."""
-    port = free_port()
-    scripts = [PYHCCL_PEER_GONE.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)]
-    outs = run_ranks(scripts, HCCL_EXEC_TIMEOUT="3")
-    assert outs[0]["first"] == outs[1]["first"] == [1.0] * 4
+    never takes part makes it raise at ``HCCL_EXEC_TIMEOUT`` (not at once, and not never)."""
+    outs = _one_rank_gone(waiter=0)
     assert outs[0]["second"].startswith(
         "simulated HCCL: HcclBroadcast from rank 0 of 2 did not complete within HCCL_EXEC_TIMEOUT=3 s: "
         "1 of 1 peer ranks never took part"
     ), outs[0]
-    assert 3.0 <= outs[0]["seconds"] < 10.0, outs[0]
-
-
-PYHCCL_SOURCE_GONE = """
-import json, time
-import torch
-from vllm.distributed.utils import StatelessProcessGroup
-from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator
-
-rank, port = RANK, PORT
-pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=rank, world_size=2, store_timeout=60)
-comm = PyHcclCommunicator(pg, device=rank)
-got = torch.ones(4) if rank == 0 else torch.zeros(4)
-comm.broadcast(got, src=0)                                   # both take part: it completes
-out = {"first": got.tolist()}
-if rank == 1:
-    started = time.monotonic()
-    try:
-        comm.broadcast(torch.zeros(4), src=0)                # rank 0 never sends this one
-        out["second"] = "completed"
-    except RuntimeError as e:
-        out["second"] = str(e)
-    out["seconds"] = time.monotonic() - started
-    pg.broadcast_obj("done", src=1)
-else:
-    pg.broadcast_obj(None, src=1)                            # rank 0 (the store) stays until rank 1 is done
-print(json.dumps(out))
-"""
 
 
 def test_pyhccl_broadcast_from_a_source_that_never_sends_raises_at_hccl_exec_timeout() -> None:
     """A receiver waits for the source within ``HCCL_EXEC_TIMEOUT``, as on the device -- not for the
     group's store timeout (300 s by default in vLLM's ``StatelessProcessGroup``, 60 s here)."""
-    port = free_port()
-    scripts = [PYHCCL_SOURCE_GONE.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)]
-    outs = run_ranks(scripts, HCCL_EXEC_TIMEOUT="3")
-    assert outs[0]["first"] == outs[1]["first"] == [1.0] * 4
+    outs = _one_rank_gone(waiter=1)
     assert outs[1]["second"].startswith(
         "simulated HCCL: HcclBroadcast to rank 1 of 2 did not complete within HCCL_EXEC_TIMEOUT=3 s: "
         "source rank 0 never sent"
     ), outs[1]
-    assert 3.0 <= outs[1]["seconds"] < 10.0, outs[1]
 
 
 PYHCCL_TORCH_PG = """
