@@ -65,8 +65,10 @@ def load_on_cpu(checkpoint: Path, initial: Path) -> dict[str, object]:
 
 
 def hf_checkpoints(out: Path) -> list[Path]:
-    """The Hugging Face model directories a run saved under its checkpoint root."""
-    return sorted(path.parent for path in (out / "work" / "checkpoints").rglob("huggingface/config.json"))
+    """The actor's Hugging Face model directories a run saved under its checkpoint root, by step (a PPO run
+    saves its critic's too, under ``critic/``)."""
+    found = (out / "work" / "checkpoints").rglob("actor/huggingface/config.json")
+    return sorted((path.parent for path in found), key=lambda path: int(path.parents[1].name.split("_")[-1]))
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +218,82 @@ def test_compat_both_trains_two_grpo_steps_with_fsdp1(tmp_path: Path, tiny_model
         assert all(load["holds"] == load["expected"] for load in converted), converted
     else:
         assert all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
+
+
+def _ppo(engines: int) -> Callable[[str], str]:
+    """PPO (its critic, GAE, and Trinity's default KL loss to the reference model; one response per task, PPO's
+    default and what vLLM's greedy sampling allows) with greedy rollouts -- the same responses, so the same
+    batch, whatever the engines -- on ``engines`` rollout engines, the trainer on as many
+    NPUs again, and the last weights saved as a Hugging Face checkpoint."""
+    return lambda text: scenario.replaced(
+        text,
+        [
+            ("  algorithm_type: grpo\n  repeat_times: 2\n", "  algorithm_type: ppo\n  repeat_times: 1\n"),
+            ("        temperature: 1.0\n", "        temperature: 0.0\n"),
+            ("    engine_num: 1\n", f"    engine_num: {engines}\n"),
+            ("  save_hf_checkpoint: never\n", "  save_hf_checkpoint: last\n"),
+        ],
+    )
+
+
+#: The Trainer's metrics compared between data-parallel sizes, and the relative tolerance: the two runs
+#: compute the same float32 batch, split over one rank or two, so they differ only in the order of the sums
+#: (the all-reduce of the gradients, the per-rank means); 1e-4 is far above that and far below any change
+#: one step makes.
+DP_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/kl_loss")
+DP_TOLERANCE = 1e-4
+
+
+@pytest.mark.beyond_ci
+def test_compat_ppo_with_a_critic_computes_the_same_at_data_parallel_size_2_as_at_1(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Issue 25 items 1 and 2: PPO with its critic (``critic/vf_loss``) and KL to the reference model, the
+    trainer at FSDP2 world size 1 (2 NPUs: rollout 1, trainer 1) and at world size 2 (4 NPUs: 2 rollout engines,
+    trainer 2), on the same batch (greedy rollouts).  Each step's losses and gradient norms, and the weights
+    after step 2 (the Hugging Face checkpoints, loaded on CPU), are equal within ``DP_TOLERANCE``.  They are
+    not yet (measured 2026-12-04, FINDINGS): where they differ, the test reports an expected failure with the
+    values, and any other failure of the runs fails it."""
+    runs = {}
+    for size in (1, 2):
+        out = tmp_path / f"dp{size}"
+        result = scenario.run(
+            "compat", out, timeout=900, model=tiny_model, npus=2 * size, cpus=4 + 4 * size, edit=_ppo(size),
+            name=f"ppo-dp{size}", stuck_after=120, progress=print,
+        )  # fmt: skip
+        assert result["rc"] == 0, result
+        assert "Error in Trainer" not in scenario.all_logs(out), result["first_error"]
+        runs[size] = scenario.trainer_metrics(out)
+        print(size, {step: {k: values.get(k) for k in DP_METRICS} for step, values in runs[size].items()})
+    assert sorted(runs[1]) == sorted(runs[2]) == [1, 2], runs
+    mismatches = []
+    for step in (1, 2):
+        assert isinstance(runs[1][step].get("critic/vf_loss"), float), runs[1][step]
+        for key in DP_METRICS:
+            one, two = runs[1][step].get(key), runs[2][step].get(key)
+            assert isinstance(one, (int, float)) and isinstance(two, (int, float)), (step, key, one, two)
+            if not math.isclose(one, two, rel_tol=DP_TOLERANCE, abs_tol=1e-7):
+                mismatches.append((step, key, one, two))
+    saved = {size: hf_checkpoints(tmp_path / f"dp{size}")[-1] for size in (1, 2)}
+    done = subprocess.run(
+        [sys.executable, "-c", _MAX_DIFFERENCE, str(saved[1]), str(saved[2])],
+        env={**scenario.inherited_env(), "NPU_COMPAT": "0"}, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    difference = json.loads(done.stdout.strip().splitlines()[-1])
+    print("weights after step 2, world size 1 against 2:", difference, "mismatches:", mismatches)
+    assert difference["tensors"], difference
+    if mismatches or difference["max_relative"] > DP_TOLERANCE:
+        # measured 2026-12-04: equal rewards, returns and response lengths, and an equal actor/kl_loss at step 2,
+        # but critic/vf_loss 0.045 at world size 1 against 0.0015 at 2 (step 1) -- the cause is not found yet
+        # (the critic's freshly initialised value head is the first suspect): issue 25 item 1 stays open
+        pytest.xfail(f"world size 1 and 2 differ: {mismatches}, weights {difference}")
+
+
+#: The largest difference between two Hugging Face model directories' tensors, relative to the tensor's size.
+_MAX_DIFFERENCE = """
+import json, sys
+from transformers import AutoModelForCausalLM
+a, b = (AutoModelForCausalLM.from_pretrained(p).state_dict() for p in sys.argv[1:3])
+worst = max(float((a[k].float() - b[k].float()).abs().max() / a[k].float().abs().max().clamp_min(1e-12)) for k in a)
+print(json.dumps({"tensors": len(a), "max_relative": worst}))
+"""
