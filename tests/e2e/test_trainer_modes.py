@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,10 +56,11 @@ print(json.dumps({
 """
 
 
-def load_on_cpu(checkpoint: Path, initial: Path) -> dict[str, object]:
-    """``checkpoint`` loaded by plain transformers on CPU, in a process of its own with npu-compat off."""
+def on_cpu(script: str, *models: Path) -> dict[str, Any]:
+    """What ``script`` prints last (JSON) about Hugging Face model directories it loads with plain
+    transformers on CPU, in a process of its own with npu-compat off."""
     done = subprocess.run(
-        [sys.executable, "-c", _LOAD_ON_CPU, str(checkpoint), str(initial)],
+        [sys.executable, "-c", script, *map(str, models)],
         env={**scenario.inherited_env(), "NPU_COMPAT": "0"}, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -105,7 +107,7 @@ def test_compat_trains_two_steps_of_an_offline_algorithm_on_its_expert_data(
     saved = hf_checkpoints(out)
     print(saved)
     assert saved, "no Hugging Face checkpoint was saved (save_hf_checkpoint: last)"
-    loaded = load_on_cpu(saved[-1], tiny_model)
+    loaded = on_cpu(_LOAD_ON_CPU, saved[-1], tiny_model)
     print(loaded)
     assert loaded["device"] == "cpu" and loaded["tensors"], loaded
     assert loaded["changed"], f"the saved weights are the initial ones: {loaded}"
@@ -275,11 +277,7 @@ def test_compat_ppo_with_a_critic_computes_the_same_at_data_parallel_size_2_as_a
             if not math.isclose(one, two, rel_tol=DP_TOLERANCE, abs_tol=1e-7):
                 mismatches.append((step, key, one, two))
     saved = {size: hf_checkpoints(tmp_path / f"dp{size}")[-1] for size in (1, 2)}
-    done = subprocess.run(
-        [sys.executable, "-c", _MAX_DIFFERENCE, str(saved[1]), str(saved[2])],
-        env={**scenario.inherited_env(), "NPU_COMPAT": "0"}, capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
-    difference = json.loads(done.stdout.strip().splitlines()[-1])
+    difference = on_cpu(_MAX_DIFFERENCE, saved[1], saved[2])
     print("weights after step 2, world size 1 against 2:", difference, "mismatches:", mismatches)
     assert difference["tensors"], difference
     if mismatches or difference["max_relative"] > DP_TOLERANCE:

@@ -34,6 +34,11 @@ BOUNDED: list[tuple[str, str]] = [
     ("  max_timeout: 300\n", f"  max_timeout: {BOUND_S}\n"),
     ("  sync_timeout: 300\n", f"  sync_timeout: {BOUND_S}\n"),
 ]
+#: Trinity's own waits once its rollout is dead, each bounded by the config: the explore steps left (2 in the
+#: bundled run) end at ``max_timeout`` each; the launcher then waits ``sync_timeout`` for the trainer
+#: (trinity/cli/launcher.py:287), up to 30 s for the weight-sync teardown (:308), and ``sync_timeout`` for the
+#: shutdown (:312-316).
+TRINITY_WAITS_AFTER_A_DEAD_ROLLOUT_S = 2 * BOUND_S + BOUND_S + 30 + BOUND_S
 #: HCCL's own bound on a collective's execution, the same as the config's.
 ENV = {"HCCL_EXEC_TIMEOUT": str(BOUND_S)}
 #: What a run may take beyond its bound to end: Ray's teardown of the actors, Trinity's ``finally``
@@ -301,9 +306,6 @@ def out_of_memory(name: str, capacity: str, cluster: str = "auto") -> Fault:
 FAULTS: dict[str, Fault] = {
     # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
     # step left -- this one and the next of the run's two -- only at explorer.max_timeout; the launcher
-    # then sees the Explorer finished (trinity/cli/launcher.py:279-291) and `trinity run` exits 0
-    # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
-    # step left -- this one and the next of the run's two -- only at explorer.max_timeout; the launcher
     # then sees the Explorer finished and waits for the trainer, tears the weight sync down and shuts both
     # down, each wait bounded by the config (below), and `trinity run` exits 0
     "rollout_killed_mid_explore": Fault(
@@ -316,7 +318,7 @@ FAULTS: dict[str, Fault] = {
             f"{BOUND_S} s, trinity/cli/launcher.py:287) + the weight-sync teardown (30 s, :308) + the "
             f"shutdown (sync_timeout {BOUND_S} s, :312-316)"
         ),
-        bound_s=2 * BOUND_S + BOUND_S + 30 + BOUND_S,
+        bound_s=TRINITY_WAITS_AFTER_A_DEAD_ROLLOUT_S,
         error_at="engine_dead",
         watch={"engine_dead": r"EngineDeadError"},
         exits=0,
@@ -361,7 +363,7 @@ FAULTS: dict[str, Fault] = {
             f"HCCL_EXEC_TIMEOUT {BOUND_S} s (the rollout's side of the broadcast), then Trinity's waits as "
             "for a dead rollout"
         ),
-        bound_s=2 * BOUND_S + BOUND_S + 30 + BOUND_S,
+        bound_s=TRINITY_WAITS_AFTER_A_DEAD_ROLLOUT_S,
         exits=0,
         npus=3,
         cpus=8,
