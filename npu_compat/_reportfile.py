@@ -19,7 +19,7 @@ from . import _env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 SCHEMA = 1
 
@@ -32,6 +32,9 @@ _failed = False
 #: When this process reached each mark (``activated``, ``role``): seconds since the epoch.
 _times: "dict[str, float]" = {}
 _started: "list[float | None]" = []  # the process's start, read once from /proc
+#: More sections of the report, by name: each a function called whenever the report is built, whose
+#: JSON-ready result is the section (the simulated Ascend adds what it computed: ``simulated``).
+SECTIONS: "dict[str, Callable[[], object]]" = {}
 
 
 def _forked() -> None:
@@ -169,7 +172,18 @@ def build() -> "dict[str, object]":
         "environment": environment(),
         "counts": counts,
         "patches": patches,
+        **_sections(),
     }
+
+
+def _sections() -> "dict[str, object]":
+    found: dict[str, object] = {}
+    for name, section in list(SECTIONS.items()):
+        try:
+            found[name] = section()
+        except Exception as exc:  # noqa: BLE001 - a section must never stop the report
+            found[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return found
 
 
 def environment(environ: "Mapping[str, str] | None" = None) -> "dict[str, str]":
@@ -217,7 +231,8 @@ def _guess_role(ray: "dict[str, object] | None") -> str:
 
 
 def _ray_identity() -> "dict[str, object] | None":
-    """Mode, job, actor id and name of this Ray process, if Ray is connected here."""
+    """Mode, job, node, actor id and name of this Ray process, if Ray is connected here (the node tells
+    apart the raylets of one host: a simulated cluster's nodes, or Ray's ``--num-nodes`` on one machine)."""
     worker_mod = sys.modules.get("ray._private.worker")
     if worker_mod is None:
         return None
@@ -228,6 +243,7 @@ def _ray_identity() -> "dict[str, object] | None":
         info: dict[str, object] = {
             "mode": "worker" if worker.mode == worker_mod.WORKER_MODE else "driver",
             "job_id": worker.current_job_id.hex(),
+            "node_id": worker.current_node_id.hex(),
         }
         if worker.mode == worker_mod.WORKER_MODE:
             actor_id = worker.actor_id

@@ -44,6 +44,7 @@ from ._boundary import needs_npu
 
 __all__ = [
     "KERNELS",
+    "VARIANTS",
     "npu_cross_entropy_loss",
     "npu_fusion_attention",
     "npu_rms_norm",
@@ -434,6 +435,15 @@ def npu_cross_entropy_loss(
 
 
 #: ``torch_npu`` name -> its plain-torch implementation.
+def _input_layout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return str(kwargs.get("input_layout", args[4] if len(args) > 4 else "?"))
+
+
+#: How the calls of a kernel are told apart in the counts (``npu_fusion_attention[TND]``): by layout.
+VARIANTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str]] = {
+    "npu_fusion_attention": _input_layout,
+}
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "npu_fusion_attention": npu_fusion_attention,
     "npu_rms_norm": npu_rms_norm,

@@ -39,7 +39,16 @@ from ._boundary import SimulatedComputeBoundary, needs_npu
 from ._npu_backend import failure as backend_failure
 from ._npu_backend import load as load_backend
 
-__all__ = ["CALLS", "SimulatedComputeBoundary", "call_count", "compute_boundary", "counted", "install", "npu"]
+__all__ = [
+    "CALLS",
+    "SimulatedComputeBoundary",
+    "call_count",
+    "compute_boundary",
+    "counted",
+    "install",
+    "npu",
+    "simulated_counts",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,17 +75,65 @@ def _record(fn: F) -> F:
     return recorded  # type: ignore[return-value]
 
 
-def counted(what: str, fn: F) -> F:
+def counted(what: str, fn: F, variant: Callable[[tuple[Any, ...], dict[str, Any]], str] | None = None) -> F:
     """``fn`` that counts its calls under ``what`` (read with :func:`call_count`), without keeping
-    the arguments (a kernel's are tensors; :data:`CALLS` would hold them for the process's life)."""
+    the arguments (a kernel's are tensors; :data:`CALLS` would hold them for the process's life);
+    with ``variant``, also under ``what[variant(args, kwargs)]`` (``torch_npu.npu_fusion_attention[TND]``).
+    Counts of ``torch_npu`` kernels reach the process's report (:func:`simulated_counts`)."""
 
     @functools.wraps(fn)
     def counting(*args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             _COUNTS[what] += 1
+            if variant is not None:
+                _COUNTS[f"{what}[{variant(args, kwargs)}]"] += 1
+        _keep_counts_reported()
         return fn(*args, **kwargs)
 
     return counting  # type: ignore[return-value]
+
+
+def simulated_counts() -> dict[str, dict[str, int]]:
+    """What the simulated Ascend computed in this process: each ``torch_npu`` kernel's calls
+    (``kernels``, ``npu_fusion_attention`` also by layout) and each collective run over ``hccl``
+    (``hccl``, by its torch.distributed name).  The ``simulated`` section of the process's report."""
+    with _LOCK:
+        kernels = {name: n for name, n in sorted(_COUNTS.items()) if name.startswith("torch_npu.")}
+    collectives = dict(NATIVE.collective_counts()) if NATIVE is not None else {}
+    return {"kernels": kernels, "hccl": collectives}
+
+
+#: The PID whose report thread runs (a forked child starts its own), and how often it looks, in seconds.
+_reporting: list[int] = []
+REPORT_EVERY_S = 1.0
+
+
+def _keep_counts_reported() -> None:
+    """Once per process that writes a report (``NPU_COMPAT_REPORT_DIR``): a daemon thread that
+    rewrites it when :func:`simulated_counts` changed, at most every :data:`REPORT_EVERY_S`, and at
+    exit.  A Ray worker is often SIGKILLed, so the report never waits for the exit alone."""
+    pid = os.getpid()
+    if (_reporting and _reporting[0] == pid) or not os.environ.get(_env.REPORT_DIR):
+        return
+    with _LOCK:
+        if _reporting and _reporting[0] == pid:
+            return
+        _reporting[:] = [pid]
+    from .. import _reportfile
+
+    _reportfile.SECTIONS["simulated"] = simulated_counts
+
+    def watch() -> None:
+        last: object = None
+        while True:
+            counts = simulated_counts()
+            if counts != last:
+                _reportfile.write()
+                last = counts
+            threading.Event().wait(REPORT_EVERY_S)
+
+    threading.Thread(target=watch, name="npu-compat-simulated-counts", daemon=True).start()
+    atexit.register(_reportfile.write)
 
 
 def compute_boundary(what: str) -> Callable[..., Any]:
@@ -626,6 +683,7 @@ def install() -> None:
             NATIVE.default_generator(i) for i in range(device_count_from_env())
         )
         atexit.register(_release_autograd_workers)
+        _keep_counts_reported()
     torch._register_device_module("npu", npu)
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():

@@ -134,6 +134,9 @@ def test_an_activated_driver_carries_npu_compat_into_a_plain_clusters_workers(tm
         assert holder is not None and holder["ray"]["actor_class"] == "Holder", holder  # type: ignore[index]
         driver = report_for(reports, out["driver_pid"])
         assert driver is not None and driver["role"] == "ray-driver", driver
+        # one node: the actor's report names the driver's node (Ray's 28-byte node id, in hex)
+        node = driver["ray"]["node_id"]  # type: ignore[index]
+        assert rep["ray"]["node_id"] == node and len(node) == 56, (rep["ray"], driver["ray"])  # type: ignore[index]
         # the job's own hook still runs, after ours
         assert out["hook"] == (None if tag == "none" else "after-activation"), tag
     # the same raylet, a driver that is not activated: its workers are not either

@@ -52,8 +52,9 @@ def run(device, group):
 
 npu = run(torch.device("npu", rank), None)
 cpu = run(torch.device("cpu"), gloo)
+from npu_compat.testing._torch_sim import simulated_counts
 print(json.dumps({"backend": dist.get_backend(), "npu": npu, "cpu": cpu,
-                  "barrier_on": str(torch.npu.current_device())}))
+                  "barrier_on": str(torch.npu.current_device()), "counted": simulated_counts()["hccl"]}))
 dist.destroy_process_group()
 """
 
@@ -73,6 +74,18 @@ def test_hccl_collectives_on_npu_tensors_equal_gloo_on_cpu() -> None:
     assert outs[0]["npu"]["reduce_scatter_tensor"][1] == [1.0, 3.0, 5.0]
     assert outs[1]["npu"]["all_to_all_single"][1] == [2.0, 3.0, 12.0, 13.0]
     assert outs[1]["npu"]["p2p"][1] == [3.0, 1.0, 4.0]
+    # each collective of the hccl group counted once by its c10d name (the report's ``simulated`` section),
+    # the same ones of the Gloo group not at all
+    print(outs[0]["counted"], outs[1]["counted"])
+    common = {
+        "allreduce": 2,
+        "broadcast": 1,
+        "_allgather_base": 1,
+        "_reduce_scatter_base": 1,
+        "alltoall_base": 1,
+    }
+    for rank, p2p in enumerate(("send", "recv")):
+        assert outs[rank]["counted"] == {**common, p2p: 1, "barrier": 1}, outs[rank]["counted"]
 
 
 TIMEOUT_SCRIPT = """

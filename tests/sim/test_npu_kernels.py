@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.npu_backend import sim_json
+from tests.sim.npu_backend import sim_json, sim_run
 
 #: exercises verl: stack-b (stack-a with another verl) runs it (noxfile)
 pytestmark = pytest.mark.uses_verl
@@ -443,6 +443,8 @@ b = torch.cat([ref(input_ids=ids[:1, :4]).logits, ref(input_ids=ids[:1, 4:]).log
 result["packed"] = diff(a, b)
 result["packed_calls"] = list(calls)
 result["counted"] = torch.npu.call_count("torch_npu.npu_fusion_attention")
+result["by_layout"] = {layout: torch.npu.call_count(f"torch_npu.npu_fusion_attention[{layout}]")
+                       for layout in ("BSND", "TND", "BNSD")}
 print(json.dumps(result))
 """
 
@@ -457,6 +459,7 @@ def test_transformers_flash_attention_2_goes_through_npu_fusion_attention() -> N
     assert out["padded_calls"] == [["TND", 3]] * layer
     assert out["packed_calls"] == [["TND", 3]] * layer
     assert out["counted"] == 3 * layer
+    assert out["by_layout"] == {"BSND": layer, "TND": 2 * layer, "BNSD": 0}
     assert out["plain"] <= 1e-5 and out["padded"] <= 1e-5 and out["packed"] <= 1e-5
     assert out["grads"] <= 1e-5
 
@@ -504,3 +507,38 @@ def test_verl_npu_patches_compute_what_stock_qwen2_computes() -> None:
     }
     assert out["logits"] <= 1e-5 and out["grads"] <= 1e-5
     assert out["npu_ce"] and out["logprobs"] <= 1e-5
+
+
+COUNTS_IN_THE_REPORT = """
+import json, os, signal, sys, time
+import npu_compat
+npu_compat.activate()
+import torch, torch_npu
+q = torch.randn(5, 2, 4, device="npu:0")
+for _ in range(2):  # two sequences of 3 and 2 tokens, packed (TND)
+    torch_npu.npu_fusion_attention(q, q, q, 2, "TND", scale=0.5, actual_seq_qlen=[3, 5], actual_seq_kvlen=[3, 5])
+torch_npu.npu_fusion_attention(q[None], q[None], q[None], 2, input_layout="BSND", scale=0.5)
+torch_npu.npu_rms_norm(q, torch.ones(4, device="npu:0"))
+time.sleep(2.5)
+print(json.dumps({"pid": os.getpid()}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as Ray ends its workers: no atexit
+"""
+
+
+def test_a_processs_report_holds_its_kernel_calls_even_when_it_is_killed(tmp_path: Any) -> None:
+    """The report of a simulated process (``NPU_COMPAT_REPORT_DIR``) holds how often each torch_npu kernel
+    was called, ``npu_fusion_attention`` also by layout, written while it runs: a SIGKILLed process's too."""
+    import json
+    import os
+
+    done = sim_run(COUNTS_IN_THE_REPORT, check=False, NPU_COMPAT_REPORT_DIR=str(tmp_path))
+    assert done.returncode == -9, done.stderr
+    pid = json.loads(done.stdout.strip().splitlines()[-1])["pid"]
+    report = json.loads((tmp_path / f"{os.uname().nodename}-{pid}.json").read_text())
+    assert report["simulated"]["kernels"] == {
+        "torch_npu.npu_fusion_attention": 3,
+        "torch_npu.npu_fusion_attention[BSND]": 1,
+        "torch_npu.npu_fusion_attention[TND]": 2,
+        "torch_npu.npu_rms_norm": 1,
+    }, report["simulated"]
+    assert report["simulated"]["hccl"] == {}

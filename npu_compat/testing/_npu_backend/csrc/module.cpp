@@ -8,6 +8,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <mutex>
+
 namespace npu_sim {
 namespace {
 
@@ -33,6 +36,15 @@ at::Tensor host(const at::Tensor& t) {
   return t.defined() && t.device().type() == kNpu ? cpu_alias(t) : t;
 }
 
+std::mutex g_collectives_mutex;
+std::map<std::string, int64_t> g_collectives;
+
+// Counts a collective this process ran over hccl, by its c10d name (read with collective_counts).
+void count(const char* op) {
+  std::lock_guard<std::mutex> lock(g_collectives_mutex);
+  ++g_collectives[op];
+}
+
 // Every collective of the wrapped (Gloo) backend, on host aliases of npu tensors: the
 // results land in the npu tensors' memory, and async work handles are Gloo's own.
 class HostAliasBackend final : public c10d::Backend {
@@ -56,31 +68,37 @@ class HostAliasBackend final : public c10d::Backend {
     return inner_->endCoalescing();
   }
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    count("broadcast");
     auto h = host(t);
     return inner_->broadcast(h, o);
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    count("allreduce");
     auto h = host(t);
     return inner_->allreduce(h, o);
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& t, const c10d::AllreduceCoalescedOptions& o) override {
+    count("allreduce_coalesced");
     auto h = host(t);
     return inner_->allreduce_coalesced(h, o);
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    count("reduce");
     auto h = host(t);
     return inner_->reduce(h, o);
   }
   c10::intrusive_ptr<c10d::Work> allgather(
       std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
       const c10d::AllgatherOptions& o) override {
+    count("allgather");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->allgather(ho, hi, o);
   }
   c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+    count("_allgather_base");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->_allgather_base(ho, hi, o);
@@ -88,12 +106,14 @@ class HostAliasBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
       const c10d::AllgatherOptions& o) override {
+    count("allgather_coalesced");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->allgather_coalesced(ho, hi, o);
   }
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::AllgatherOptions& o) override {
+    count("allgather_into_tensor_coalesced");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->allgather_into_tensor_coalesced(ho, hi, o);
@@ -101,6 +121,7 @@ class HostAliasBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(
       std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
       const c10d::GatherOptions& o) override {
+    count("gather");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->gather(ho, hi, o);
@@ -108,6 +129,7 @@ class HostAliasBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(
       std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
       const c10d::ScatterOptions& o) override {
+    count("scatter");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->scatter(ho, hi, o);
@@ -115,18 +137,21 @@ class HostAliasBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
       const c10d::ReduceScatterOptions& o) override {
+    count("reduce_scatter");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->reduce_scatter(ho, hi, o);
   }
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+    count("_reduce_scatter_base");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->_reduce_scatter_base(ho, hi, o);
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::ReduceScatterOptions& o) override {
+    count("reduce_scatter_tensor_coalesced");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->reduce_scatter_tensor_coalesced(ho, hi, o);
@@ -134,12 +159,14 @@ class HostAliasBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(
       at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
       const c10d::AllToAllOptions& o) override {
+    count("alltoall_base");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->alltoall_base(ho, hi, out_splits, in_splits, o);
   }
   c10::intrusive_ptr<c10d::Work> alltoall(
       std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::AllToAllOptions& o) override {
+    count("alltoall");
     auto ho = host(out);
     auto hi = host(in);
     return inner_->alltoall(ho, hi, o);
@@ -154,18 +181,22 @@ class HostAliasBackend final : public c10d::Backend {
     return inner_->getSequenceNumberForGroup();
   }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    count("send");
     auto h = host(t);
     return inner_->send(h, dst, tag);
   }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    count("recv");
     auto h = host(t);
     return inner_->recv(h, src, tag);
   }
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& t, int tag) override {
+    count("recvAnysource");
     auto h = host(t);
     return inner_->recvAnysource(h, tag);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    count("barrier");
     return inner_->barrier(o);
   }
   void waitForPendingWorks() override {
@@ -267,6 +298,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Let each npu device's autograd worker drop its last graph task (at exit, before finalization).");
   m.def("autograd_device_queues", &autograd_device_queues,
         "How many per-device worker queues torch's autograd engine made (0 before its first backward).");
+  m.def("collective_counts", [] {
+    std::lock_guard<std::mutex> lock(g_collectives_mutex);
+    return std::vector<std::pair<std::string, int64_t>>(g_collectives.begin(), g_collectives.end());
+  }, "How many of each collective this process ran over hccl, by its c10d name.");
   m.def("hccl_backend", [](const c10::intrusive_ptr<c10d::Backend>& gloo) -> c10::intrusive_ptr<c10d::Backend> {
     return c10::make_intrusive<HostAliasBackend>(gloo);
   });

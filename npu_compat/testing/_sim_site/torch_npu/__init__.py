@@ -27,14 +27,18 @@ __all__ = ["SIMULATED", "__version__", "npu", "optim", "profiler"]
 def __getattr__(name: str) -> object:
     """``torch_npu.npu_*`` fused kernels: importable (transformers, verl and vLLM import them when
     torch_npu is present).  Those that ``npu_compat.testing._npu_kernels`` computes in plain torch
-    are served from there, their calls counted (``torch.npu.call_count("torch_npu.<name>")``);
+    are served from there, their calls counted (``torch.npu.call_count("torch_npu.<name>")``, and in the
+    process's report);
     calling any other is the compute boundary of the simulation."""
     if name.startswith("npu_"):
-        from npu_compat.testing._npu_kernels import KERNELS
+        from npu_compat.testing._npu_kernels import KERNELS, VARIANTS
         from npu_compat.testing._torch_sim import compute_boundary, counted
 
         what = f"torch_npu.{name}"
-        kernel = counted(what, KERNELS[name]) if name in KERNELS else compute_boundary(what)
+        if name in KERNELS:
+            kernel = counted(what, KERNELS[name], VARIANTS.get(name))
+        else:
+            kernel = compute_boundary(what)
         globals()[name] = kernel  # one object per name, as attributes of a real module
         return kernel
     raise AttributeError(f"module 'torch_npu' (simulated) has no attribute {name!r}")
