@@ -64,6 +64,15 @@ class RayCluster:
                 return f"node {index}'s `ray start` exited with status {proc.returncode}"
         return None
 
+    def node_temp_dir(self, index: int) -> Path:
+        """Node ``index``'s Ray temporary directory: the head's is :attr:`temp_dir`, each other node's
+        is its own below it, as each host of a real cluster has its own ``/tmp/ray``."""
+        return self.temp_dir if index == 0 else self.temp_dir / f"node{index}"
+
+    def log_dirs(self) -> list[Path]:
+        """Each node's Ray logs (``session_latest/logs``), the head's first."""
+        return [self.node_temp_dir(i) / "session_latest" / "logs" for i in range(self.nodes)]
+
     def client_env(self) -> dict[str, str]:
         """What a client process needs beyond its own environment: the simulation, the address and
         the authentication (the variables the shell command prints and writes to ``--env-file``)."""
@@ -269,18 +278,25 @@ def npu_ray_cluster(
     node_args = [
         f"--num-cpus={cpus_per_node}", "--num-gpus=0",
         f"--resources={json.dumps({'NPU': npus_per_node})}",
-        "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
     ]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
     logs = [log]
     try:
         deadline = time.monotonic() + start_timeout
-        address = _start_head(node_args, cluster_env, log, command_prefix, deadline, procs)
+        head_args = [*node_args, f"--temp-dir={temp_dir}"]
+        address = _start_head(head_args, cluster_env, log, command_prefix, deadline, procs)
         for index in range(1, nodes):
+            # a temporary directory per node, as on separate hosts: sharing the head's, every node's log
+            # monitor would forward every worker's output to the drivers (each line once per node)
+            node_temp = temp_dir / f"node{index}"
             logs.append(temp_dir / f"ray-start-node{index}.log")
             procs.append(
-                _ray_start([f"--address={address}", *node_args], cluster_env, logs[-1], command_prefix)
-            )
+                _ray_start(
+                    [f"--address={address}", *node_args, f"--temp-dir={node_temp}"], cluster_env, logs[-1],
+                    command_prefix,
+                )
+            )  # fmt: skip
         # a cluster is handed over only once `ray status` lists all its nodes
         _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
         per_node = {"NPU": float(npus_per_node), "CPU": float(cpus_per_node)}

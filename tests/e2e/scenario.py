@@ -38,7 +38,7 @@ from typing import Any
 
 from npu_compat import _timeline
 from npu_compat._doctor import read_reports
-from npu_compat.testing._ray import npu_ray_cluster
+from npu_compat.testing._ray import RayCluster, npu_ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "e2e" / "trinity_tiny.yaml"
@@ -284,10 +284,12 @@ def _env(mode: str, workdir: Path, model: Path) -> dict[str, str]:
     return env
 
 
-def _collect(cluster_temp: Path, out: Path) -> None:
-    logs = cluster_temp / "session_latest" / "logs"
-    if logs.is_dir():
-        shutil.copytree(logs, out / "ray-logs", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+def _collect(cluster: RayCluster, out: Path) -> None:
+    """Each node's Ray logs into ``out/ray-logs`` (the head's), ``out/ray-logs/node<i>`` (the others')."""
+    for index, logs in enumerate(cluster.log_dirs()):
+        if logs.is_dir():
+            target = out / "ray-logs" / (f"node{index}" if index else "")
+            shutil.copytree(logs, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
 
 
 def _config(workdir: Path, cluster: str, sync_method: str = "nccl", trinity_mode: str = "both") -> Path:
@@ -380,6 +382,7 @@ def run(
     model: Path | None = None,
     npus: int = 2,
     cpus: int | None = None,
+    nodes: int = 1,
     edit: Callable[[str], str] | None = None,
     name: str = "",
     env: dict[str, str] | None = None,
@@ -397,8 +400,8 @@ def run(
     ``settle_after=(stage, seconds)``: the same, that many seconds after ``stage`` first appeared with no
     stage after it (a run known to hang there is not kept waiting for the whole bound).
     ``model``: the tiny model directory an earlier run made (:func:`make_model`); ``None`` makes one in ``out``.
-    ``npus``: the cluster's ``{"NPU": npus}`` (one node); ``cpus`` its CPUs (default ``max(4, 2 * npus)``: verl's
-    trainer bundles take 3 CPUs each, the rollout's 1).  ``edit``: a change of the bundled config's text for
+    ``npus``: each node's ``{"NPU": npus}``; ``cpus`` its CPUs (default ``max(4, 2 * npus)``: verl's
+    trainer bundles take 3 CPUs each, the rollout's 1); ``nodes``: how many nodes (raylets) the cluster has.  ``edit``: a change of the bundled config's text for
     another shape of run (``name`` names that config's file), applied after ``cluster``'s and ``sync_method``'s.
     ``env``: variables added to every process's environment (the cluster's and the drivers').
     ``config``: another shipped config than the bundled one (``examples/e2e/trinity_tiny_*.yaml``), run as
@@ -438,8 +441,10 @@ def run(
     modes = " + ".join("explore" if cluster == "explore" else m for m in configs)
     what += f" {names} (mode {modes}, bound {timeout:.0f} s)"
     how = "through python -m npu_compat" if prefix else "plainly, NPU_COMPAT=0"
-    say(f"starting the simulated NPU-only Ray cluster ({{'NPU': {npus}}}, no GPU; {how})")
+    shape = f"{{'NPU': {npus}}}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
+    say(f"starting the simulated NPU-only Ray cluster ({shape}, no GPU; {how})")
     with npu_ray_cluster(
+        nodes,
         npus_per_node=npus,
         cpus_per_node=cpus or max(4, 2 * npus),
         env=env,
@@ -460,7 +465,9 @@ def run(
         logs = ray_cluster.temp_dir / "session_latest" / "logs"
         # one driver: driver.log; two: driver.<mode>.log each, joined into driver.log once both ended
         outputs = {m: out / ("driver.log" if len(configs) == 1 else f"driver.{m}.log") for m in configs}
-        watch = _LogWatch([*outputs.values(), logs, workdir / "trinity-logs"], patterns, started)
+        watch = _LogWatch(
+            [*outputs.values(), *ray_cluster.log_dirs(), workdir / "trinity-logs"], patterns, started
+        )
         with contextlib.ExitStack() as stack:
             procs = []
             for m, config in configs.items():
@@ -503,7 +510,7 @@ def run(
         summary["host_memory_peak_gib"] = round((watch.memory_peak - watch.memory_base) / (1 << 30), 2)
         summary["stage_s"] = dict(watch.found)
         say("collecting the logs and the per-process reports; stopping the Ray cluster")
-        _collect(ray_cluster.temp_dir, out)
+        _collect(ray_cluster, out)
         shutil.copy(ray_cluster.log, out / "ray-start.log")
     if linger_s > 0:
         processes = summary["processes"]
