@@ -1,7 +1,8 @@
 """The per-process report file: one JSON file per activated process in ``NPU_COMPAT_REPORT_DIR``.
 
 Written when the process is activated and rewritten whenever a patch changes
-status or the process learns its role (Ray driver, Ray actor, vLLM process), each
+status or the process learns its role (Ray driver, Ray actor, vLLM process) -- or
+when the owner of a :data:`SECTIONS` entry calls :func:`write` -- each
 time atomically (a temporary file, then ``os.replace``): Ray workers are often
 killed with SIGKILL, so nothing waits for ``atexit``.  The file is named
 ``<host>-<pid>.json``; ``python -m npu_compat doctor --reports DIR`` reads them all.

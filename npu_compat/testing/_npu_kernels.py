@@ -434,7 +434,6 @@ def npu_cross_entropy_loss(
     return loss, log_prob, empty, empty.clone()
 
 
-#: ``torch_npu`` name -> its plain-torch implementation.
 def _input_layout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return str(kwargs.get("input_layout", args[4] if len(args) > 4 else "?"))
 
@@ -444,6 +443,7 @@ VARIANTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str]] = {
     "npu_fusion_attention": _input_layout,
 }
 
+#: ``torch_npu`` name -> its plain-torch implementation.
 KERNELS: dict[str, Callable[..., Any]] = {
     "npu_fusion_attention": npu_fusion_attention,
     "npu_rms_norm": npu_rms_norm,

@@ -28,6 +28,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -103,22 +104,26 @@ def simulated_counts() -> dict[str, dict[str, int]]:
     return {"kernels": kernels, "hccl": collectives}
 
 
-#: The PID whose report thread runs (a forked child starts its own), and how often it looks, in seconds.
-_reporting: list[int] = []
+#: The PID that already decided whether its counts are reported (a forked child decides anew), and how
+#: often its report thread looks, in seconds.
+_decided: list[int] = []
 REPORT_EVERY_S = 1.0
 
 
 def _keep_counts_reported() -> None:
     """Once per process that writes a report (``NPU_COMPAT_REPORT_DIR``): a daemon thread that
     rewrites it when :func:`simulated_counts` changed, at most every :data:`REPORT_EVERY_S`, and at
-    exit.  A Ray worker is often SIGKILLed, so the report never waits for the exit alone."""
+    exit.  A Ray worker is often SIGKILLed, so the report never waits for the exit alone.  Called on
+    every kernel call: after the first, a process pays one ``getpid``."""
     pid = os.getpid()
-    if (_reporting and _reporting[0] == pid) or not os.environ.get(_env.REPORT_DIR):
+    if _decided and _decided[0] == pid:
         return
     with _LOCK:
-        if _reporting and _reporting[0] == pid:
+        if _decided and _decided[0] == pid:
             return
-        _reporting[:] = [pid]
+        _decided[:] = [pid]
+    if not os.environ.get(_env.REPORT_DIR):
+        return
     from .. import _reportfile
 
     _reportfile.SECTIONS["simulated"] = simulated_counts
@@ -130,7 +135,7 @@ def _keep_counts_reported() -> None:
             if counts != last:
                 _reportfile.write()
                 last = counts
-            threading.Event().wait(REPORT_EVERY_S)
+            time.sleep(REPORT_EVERY_S)
 
     threading.Thread(target=watch, name="npu-compat-simulated-counts", daemon=True).start()
     atexit.register(_reportfile.write)

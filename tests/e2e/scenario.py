@@ -401,8 +401,9 @@ def run(
     stage after it (a run known to hang there is not kept waiting for the whole bound).
     ``model``: the tiny model directory an earlier run made (:func:`make_model`); ``None`` makes one in ``out``.
     ``npus``: each node's ``{"NPU": npus}``; ``cpus`` its CPUs (default ``max(4, 2 * npus)``: verl's
-    trainer bundles take 3 CPUs each, the rollout's 1); ``nodes``: how many nodes (raylets) the cluster has.  ``edit``: a change of the bundled config's text for
-    another shape of run (``name`` names that config's file), applied after ``cluster``'s and ``sync_method``'s.
+    trainer bundles take 3 CPUs each, the rollout's 1); ``nodes``: how many nodes (raylets) the cluster has.
+    ``edit``: a change of the bundled config's text for another shape of run (``name`` names that config's
+    file), applied after ``cluster``'s and ``sync_method``'s.
     ``env``: variables added to every process's environment (the cluster's and the drivers').
     ``config``: another shipped config than the bundled one (``examples/e2e/trinity_tiny_*.yaml``), run as
     it is (``cluster`` and ``sync_method`` then change nothing; ``edit`` still applies).
@@ -462,7 +463,7 @@ def run(
         cluster_pids = [proc.pid for proc in ray_cluster.processes]
         record.sample(cluster_pids)
         record.baseline = set(record.seen)
-        logs = ray_cluster.temp_dir / "session_latest" / "logs"
+        logs = ray_cluster.log_dirs()[0]  # the head's
         # one driver: driver.log; two: driver.<mode>.log each, joined into driver.log once both ended
         outputs = {m: out / ("driver.log" if len(configs) == 1 else f"driver.{m}.log") for m in configs}
         watch = _LogWatch(

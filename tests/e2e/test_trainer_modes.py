@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from npu_compat._doctor import read_reports
 from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
@@ -390,17 +391,27 @@ def test_compat_both_on_two_nodes_syncs_the_weights_from_one_node_to_the_other(
     )
 
 
+def reports_by_actor_class(reports: Path) -> dict[str, list[dict[str, Any]]]:
+    """The run's per-process reports (read as ``doctor`` reads them), by the Ray actor class of the process."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for report in read_reports(str(reports)):
+        actor_class = (report.get("ray") or {}).get("actor_class")  # type: ignore[attr-defined]
+        if actor_class:
+            found.setdefault(str(actor_class), []).append(report)
+    return found
+
+
 def nodes_of(reports: Path) -> dict[str, list[tuple[str, str]]]:
     """Ray actor class -> (node id, ``ASCEND_RT_VISIBLE_DEVICES``) of each of its processes, from the
     per-process reports."""
-    placed: dict[str, list[tuple[str, str]]] = {}
-    for path in sorted(reports.glob("*.json")):
-        report = json.loads(path.read_text())
-        ray = report.get("ray") or {}
-        if ray.get("actor_class") and ray.get("node_id"):
-            devices = report["environment"].get("ASCEND_RT_VISIBLE_DEVICES", "")
-            placed.setdefault(ray["actor_class"], []).append((ray["node_id"], devices))
-    return placed
+    return {
+        actor_class: [
+            (report["ray"]["node_id"], report["environment"].get("ASCEND_RT_VISIBLE_DEVICES", ""))
+            for report in found
+            if report["ray"].get("node_id")
+        ]
+        for actor_class, found in reports_by_actor_class(reports).items()
+    }
 
 
 def _sequence_parallel(size: int) -> Callable[[str], str]:
@@ -466,9 +477,5 @@ def test_compat_sft_at_sequence_parallel_size_2_computes_the_loss_of_size_1(
 def simulated_counts(reports: Path, actor_class: str) -> list[dict[str, dict[str, int]]]:
     """What the simulated Ascend computed in each process of a Ray actor class (its report's ``simulated``
     section: kernel calls, and collectives over hccl)."""
-    found = []
-    for path in sorted(reports.glob("*.json")):
-        report = json.loads(path.read_text())
-        if (report.get("ray") or {}).get("actor_class") == actor_class:
-            found.append(report.get("simulated", {"kernels": {}, "hccl": {}}))
-    return found
+    found = reports_by_actor_class(reports).get(actor_class, [])
+    return [report.get("simulated", {"kernels": {}, "hccl": {}}) for report in found]
