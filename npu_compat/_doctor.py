@@ -1,5 +1,5 @@
-"""``python -m npu_compat doctor [--json] [--reports DIR [--timeline [--svg FILE]]]``: will npu-compat
-work here, and if not, why.
+"""``python -m npu_compat doctor [--json] [--reports DIR [--timeline [--svg FILE]] [--floor]]``: will
+npu-compat work here, and if not, why.
 
 Checks this environment without importing any patch target: the device decision
 and its evidence; each target distribution's installed version against the ranges
@@ -7,7 +7,8 @@ its patches support; each patch's plan (would apply, or skipped and why); whethe
 automatic activation reaches this interpreter and by which path; the Ascend
 environment (visible devices, toolkit, torch_npu autoload); and, with ``--reports``,
 which patches applied in which process of a run (with ``--timeline``, when each process
-started, activated and learned its role: :mod:`npu_compat._timeline`).
+started, activated, finished its imports and learned its role: :mod:`npu_compat._timeline`; with
+``--floor``, the run's start-up against the same processes importing alone: :mod:`npu_compat._floor`).
 
 Every problem that would break a run is an ``error`` with the fix in its message, and
 makes the exit status 1; ``warning`` and ``note`` lines never do.  A bad command line
@@ -743,9 +744,18 @@ def main(argv: list[str]) -> int:
         "--timeline", action="store_true", help="with --reports: when each process started and activated"
     )
     parser.add_argument("--svg", metavar="FILE", help="with --timeline: write it as an SVG chart too")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --reports: replay the run's start-up as imports alone on this machine, against the run",
+    )
+    parser.add_argument(
+        "--until", type=float, metavar="EPOCH", help="with --floor: where the start-up ended (default: the "
+        "last process became ready)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.timeline or args.svg) and not args.reports:
-        parser.error("--timeline and --svg read a run's reports: give --reports DIR")
+    if (args.timeline or args.svg or args.floor) and not args.reports:
+        parser.error("--timeline, --svg and --floor read a run's reports: give --reports DIR")
     if args.svg and not args.timeline:
         parser.error("--svg writes the timeline: give --timeline too")
     d = diagnose(args.reports)
@@ -757,10 +767,29 @@ def main(argv: list[str]) -> int:
     if args.timeline:
         from . import _timeline
 
-        table = _timeline.rows(d.sections.get("reports", []))  # type: ignore[arg-type]  # read by diagnose
+        table = _timeline.rows(d.sections.get("reports", []), args.reports)  # type: ignore[arg-type]
         if not args.json:
             print("\n" + "\n".join(_timeline.render_text(table)))
         if args.svg:
             with open(args.svg, "w", encoding="utf-8") as out_file:
                 out_file.write(_timeline.render_svg(table))
+    if args.floor:
+        floor_lines(d.sections.get("reports", []), args.reports, args.until)  # type: ignore[arg-type]
     return 0 if d.ok else 1
+
+
+def floor_lines(reports: list[dict[str, object]], directory: str, until: float | None) -> None:
+    """Print the run's start-up against its floor (:mod:`._floor`), replayed here now."""
+    from . import _floor, _timeline
+
+    table = _timeline.rows(reports, directory)
+    begin = _floor.run_begin(table)
+    if until is None:
+        readies = [row.ready for row in table if row.ready is not None]
+        until = max(readies) if readies else None
+    if begin is None or until is None:
+        print("\nfloor: no Ray driver in the reports, or nothing became ready")
+        return
+    table, steps = _floor.plan(reports, directory, begin, until)
+    length = _floor.replay(steps)
+    print("\n" + "\n".join(_floor.render(table, steps, begin, until, length)))

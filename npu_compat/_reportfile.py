@@ -36,6 +36,9 @@ _started: "list[float | None]" = []  # the process's start, read once from /proc
 #: More sections of the report, by name: each a function called whenever the report is built, whose
 #: JSON-ready result is the section (the simulated Ascend adds what it computed: ``simulated``).
 SECTIONS: "dict[str, Callable[[], object]]" = {}
+#: How often the watcher thread looks for new imports and changed sections, in seconds.
+WATCH_EVERY_S = 0.5
+_watching: "list[int]" = []  # the PID whose watcher thread runs (a forked child starts its own)
 
 
 def _forked() -> None:
@@ -44,6 +47,7 @@ def _forked() -> None:
     _times.clear()
     if _attached:
         _times["activated"] = _now()
+        _start_watcher()
 
 
 if hasattr(os, "register_at_fork"):
@@ -59,6 +63,57 @@ def attach() -> None:
     if activation is not None and write not in activation.LISTENERS:
         activation.LISTENERS.append(write)
     write()
+    _start_watcher()
+
+
+def _start_watcher() -> None:
+    if path() is None or (_watching and _watching[0] == os.getpid()):
+        return
+    _watching[:] = [os.getpid()]
+    import threading
+
+    threading.Thread(target=_watch, name="npu-compat-report", daemon=True).start()
+
+
+def imports_path(directory: "str | None" = None, pid: "int | None" = None) -> "str | None":
+    """Where this process's (or ``pid``'s) import log goes: ``<host>-<pid>.imports.jsonl``."""
+    directory = directory or os.environ.get(_env.REPORT_DIR)
+    if not directory:
+        return None
+    return os.path.join(directory, f"{_host()}-{pid or os.getpid()}.imports.jsonl")
+
+
+def _watch() -> None:
+    """The watcher thread: appends the modules new since its last look to the import log, and
+    rewrites the report when a section changed; until the process stops reporting (:func:`forget`)."""
+    import json
+    import time
+
+    pid = os.getpid()
+    seen: set[str] = set()
+    sections: object = None
+    first = True
+    while _attached and _watching and _watching[0] == pid:
+        new = [name for name in list(sys.modules) if name not in seen]
+        if new:
+            seen.update(new)
+            line: dict[str, object] = {"t": _now(), "new": new}
+            if first:
+                line["sys_path"] = list(sys.path)
+            target = imports_path()
+            try:
+                if target is not None:
+                    with open(target, "a", encoding="utf-8") as out:
+                        out.write(json.dumps(line) + "\n")
+                    first = False
+            except OSError:
+                pass  # the report's own write warns about an unwritable directory
+        if SECTIONS:
+            now = _sections()
+            if now != sections:
+                sections = now
+                write()
+        time.sleep(WATCH_EVERY_S)
 
 
 def set_activated_by(via: str) -> None:
@@ -85,19 +140,22 @@ def set_role(role: str, *, actor_class: "str | None" = None, first: bool = False
 
 
 def forget() -> None:
-    """Remove this process's report and stop writing it (before an exec into another program)."""
+    """Remove this process's report and import log and stop writing them (before an exec into
+    another program, which starts its own)."""
     global _attached, _last
-    target = path()
+    target, imports = path(), imports_path()
     _attached = False
     _last = None
+    _watching.clear()
     activation = sys.modules.get("npu_compat._activation")
     if activation is not None and write in activation.LISTENERS:
         activation.LISTENERS.remove(write)
-    if target is not None:
-        try:
-            os.remove(target)
-        except OSError:
-            pass
+    for name in (target, imports):
+        if name is not None:
+            try:
+                os.remove(name)
+            except OSError:
+                pass
 
 
 def path(directory: str | None = None) -> "str | None":

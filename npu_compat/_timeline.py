@@ -3,14 +3,20 @@
 Each report (:mod:`npu_compat._reportfile`) carries the times of its process: when the process
 started (the kernel's start time, from ``/proc``), when npu-compat activated in it, when it learned
 its role (Ray driver, actor, vLLM process) and when its report last changed (the last patch
-applied).  Here they become one row per process, ordered by start, as text and as an SVG Gantt
-chart, in seconds from the first process's start.  A process's parent is shown where it is in
-the run too.  What the rows cannot tell -- which other process a process was waiting on -- comes
-from the run's logs, not from here.
+applied).  Its import log (``<host>-<pid>.imports.jsonl``) adds when its imports were done: the
+last look of the report's watcher that found new modules, up to its role (a process that learns
+no role: up to its last).  Here they become one row per process, ordered by start, as text and
+as an SVG Gantt chart, in seconds from the first process's start.  A process's parent is shown
+where it is in the run too, and the process it *follows*: the one that became ready (its role,
+else its imports done) last before it started.  In a run where one process is started after
+waiting for another (a Ray actor created once another is ready), that is the one it waited on.
+It is read from the times alone; the logs say why.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -29,6 +35,18 @@ class Row:
     activated: float | None
     role_known: float | None
     updated: float | None
+    #: when its imports were done (see the module docstring); None without an import log
+    imported: float | None = None
+    #: how many modules it had imported by then
+    modules: int = 0
+
+    @property
+    def ready(self) -> float | None:
+        """When it was ready: its role, else its imports done, else its activation."""
+        for t in (self.role_known, self.imported, self.activated):
+            if t is not None:
+                return t
+        return None
 
     @property
     def _known(self) -> list[float]:
@@ -52,23 +70,61 @@ def _time(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def rows(reports: list[dict[str, object]]) -> list[Row]:
-    """The reports' processes, in the order they started."""
+def read_imports(directory: str, host: str, pid: int) -> list[dict[str, object]]:
+    """A process's import log: its lines in order (``t``, ``new``; the first also ``sys_path``).
+    A line cut short by a kill ends the log."""
+    lines: list[dict[str, object]] = []
+    try:
+        with open(os.path.join(directory, f"{host}-{pid}.imports.jsonl"), encoding="utf-8") as f:
+            for text in f:
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    break
+                if isinstance(line, dict) and isinstance(line.get("new"), list):
+                    lines.append(line)
+    except OSError:
+        pass
+    return lines
+
+
+def imports_done(lines: list[dict[str, object]], until: float | None) -> tuple[float | None, int]:
+    """The time of the log's last line at or before ``until`` (all, with None), and how many modules
+    the lines up to it name."""
+    done, count = None, 0
+    for line in lines:
+        t = _time(line.get("t"))
+        if t is None or (until is not None and t > until):
+            break
+        done, count = t, count + len(line["new"])  # type: ignore[arg-type]
+    return done, count
+
+
+def rows(reports: list[dict[str, object]], directory: str | None = None) -> list[Row]:
+    """The reports' processes, in the order they started (with ``directory``, where the reports
+    are, their import logs give each its imports' end)."""
     out = []
     for r in reports:
         times = r.get("times") if isinstance(r.get("times"), dict) else {}
         assert isinstance(times, dict)
+        host, pid = str(r.get("host") or "?"), int(r.get("pid") or 0)  # type: ignore[call-overload]
+        role_known = _time(times.get("role"))
+        imported, modules = (
+            imports_done(read_imports(directory, host, pid), role_known) if directory else (None, 0)
+        )
         out.append(
             Row(
-                host=str(r.get("host") or "?"),
-                pid=int(r.get("pid") or 0),  # type: ignore[call-overload]
+                host=host,
+                pid=pid,
                 ppid=int(r.get("ppid") or 0),  # type: ignore[call-overload]
                 role=str(r.get("role") or "?"),
                 program=str(r.get("program") or "?"),
                 started=_time(times.get("started")),
                 activated=_time(times.get("activated")),
-                role_known=_time(times.get("role")),
+                role_known=role_known,
                 updated=_time(r.get("updated")),
+                imported=imported,
+                modules=modules,
             )
         )
     return sorted(out, key=lambda row: (row.first if row.first is not None else float("inf"), row.pid))
@@ -85,12 +141,35 @@ def _parents(table: list[Row]) -> dict[int, int]:
     return {i: where[(row.host, row.ppid)] for i, row in enumerate(table) if (row.host, row.ppid) in where}
 
 
+def follows(table: list[Row]) -> dict[int, int]:
+    """Row index -> the row it follows: of the processes of its host that started before it, the one
+    that became ready last before it started (see the module docstring)."""
+    out: dict[int, int] = {}
+    for i, row in enumerate(table):
+        if row.start is None:
+            continue
+        before = [
+            (other.ready, j)
+            for j, other in enumerate(table)
+            if j != i
+            and other.host == row.host
+            and other.start is not None
+            and other.start < row.start
+            and other.ready is not None
+            and other.ready <= row.start
+        ]
+        if before:
+            out[i] = max(before)[1]
+    return out
+
+
 def render_text(table: list[Row]) -> list[str]:
     """The timeline as lines: start, then each later mark relative to the process's own start."""
     if not table:
         return ["timeline: no reports"]
     origin = _origin(table)
     parents = _parents(table)
+    after_row = follows(table)
 
     def at(t: float | None) -> str:
         return f"{t - origin:8.2f}" if t is not None else f"{'?':>8s}"
@@ -101,17 +180,19 @@ def render_text(table: list[Row]) -> list[str]:
         return f"{'+' + format(t - start, '.2f'):>8s}"
 
     lines = [
-        f"timeline ({len(table)} processes; seconds from the first start; activated, role and last change "
-        "after the process's own start):",
-        f"  {'#':>3s} {'start':>8s} {'activ.':>8s} {'role':>8s} {'last':>8s} {'pid':>8s} {'parent':>6s}"
-        "  role, program",
+        f"timeline ({len(table)} processes; seconds from the first start; activated, imports done, role "
+        "and last change after the process's own start; follows: the process ready last before it started):",
+        f"  {'#':>3s} {'start':>8s} {'activ.':>8s} {'imports':>8s} {'role':>8s} {'last':>8s} {'pid':>8s} "
+        f"{'parent':>6s} {'follows':>7s}  role, program",
     ]
     for i, row in enumerate(table):
         start = row.start
         parent = f"#{parents[i] + 1}" if i in parents else "-"
+        follow = f"#{after_row[i] + 1}" if i in after_row else "-"
         lines.append(
-            f"  {i + 1:>3d} {at(start)} {after(row.activated, start)} {after(row.role_known, start)} "
-            f"{after(row.updated, start)} {row.pid:>8d} {parent:>6s}  {row.role}, {row.program}"
+            f"  {i + 1:>3d} {at(start)} {after(row.activated, start)} {after(row.imported, start)} "
+            f"{after(row.role_known, start)} {after(row.updated, start)} {row.pid:>8d} {parent:>6s} "
+            f"{follow:>7s}  {row.role}, {row.program}"
         )
     ends = [row.last for row in table if row.last is not None]
     if ends:
@@ -157,6 +238,13 @@ def render_svg(table: list[Row], title: str = "npu-compat run timeline") -> str:
             f'<rect {box} width="{max(x1 - x0, 1.0):.1f}" fill="#4a7ebb">'
             f"<title>{escape(label)}: {start - origin:.2f} to {row.last - origin:.2f} s</title></rect>"
         )
+        if row.imported is not None and row.imported > start:
+            xi = _LABEL + (row.imported - origin) * scale
+            out.append(
+                f'<rect {box} width="{max(xi - x0, 1.0):.1f}" fill="#8fb0d9">'
+                f"<title>imports done: {row.imported - start:.2f} s after its start, {row.modules} modules"
+                "</title></rect>"
+            )
         if row.activated is not None and row.activated > start:
             xa = _LABEL + (row.activated - origin) * scale
             out.append(
@@ -169,8 +257,8 @@ def render_svg(table: list[Row], title: str = "npu-compat run timeline") -> str:
                        'stroke-width="2"/>')  # fmt: skip
     legend_y = height - 6
     out.append(
-        f'<text x="8" y="{legend_y}">light: started, npu-compat not yet active; dark: active until the last '
-        "change of its report; red tick: role known (Ray driver/actor, vLLM process)</text>"
+        f'<text x="8" y="{legend_y}">lightest: started, npu-compat not yet active; light: importing; dark: '
+        "imports done, until its report last changed; red tick: role known (Ray driver/actor, vLLM)</text>"
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -28,7 +28,6 @@ import functools
 import os
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -104,17 +103,16 @@ def simulated_counts() -> dict[str, dict[str, int]]:
     return {"kernels": kernels, "hccl": collectives}
 
 
-#: The PID that already decided whether its counts are reported (a forked child decides anew), and how
-#: often its report thread looks, in seconds.
+#: The PID that already decided whether its counts are reported (a forked child decides anew).
 _decided: list[int] = []
-REPORT_EVERY_S = 1.0
 
 
 def _keep_counts_reported() -> None:
-    """Once per process that writes a report (``NPU_COMPAT_REPORT_DIR``): a daemon thread that
-    rewrites it when :func:`simulated_counts` changed, at most every :data:`REPORT_EVERY_S`, and at
-    exit.  A Ray worker is often SIGKILLed, so the report never waits for the exit alone.  Called on
-    every kernel call: after the first, a process pays one ``getpid``."""
+    """Once per process that writes a report (``NPU_COMPAT_REPORT_DIR``): :func:`simulated_counts`
+    becomes its ``simulated`` section, which the report's watcher thread rewrites when it changed
+    (:data:`npu_compat._reportfile.WATCH_EVERY_S`), and once more at exit.  A Ray worker is often
+    SIGKILLed, so the report never waits for the exit alone.  Called on every kernel call: after
+    the first, a process pays one ``getpid``."""
     pid = os.getpid()
     if _decided and _decided[0] == pid:
         return
@@ -127,17 +125,6 @@ def _keep_counts_reported() -> None:
     from .. import _reportfile
 
     _reportfile.SECTIONS["simulated"] = simulated_counts
-
-    def watch() -> None:
-        last: object = None
-        while True:
-            counts = simulated_counts()
-            if counts != last:
-                _reportfile.write()
-                last = counts
-            time.sleep(REPORT_EVERY_S)
-
-    threading.Thread(target=watch, name="npu-compat-simulated-counts", daemon=True).start()
     atexit.register(_reportfile.write)
 
 

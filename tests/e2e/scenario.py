@@ -455,6 +455,7 @@ def run(
         driver_env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
         say(f"running {what}")
         started = time.monotonic()
+        summary["started_at"] = time.time()  # the epoch of stage_s's zero (the drivers' start)
         patterns = {name: pattern for name, pattern in STAGES}
         patterns |= {f"boundary: {label}": pattern for label, pattern in BOUNDARIES.items()}
         patterns["infeasible"] = INFEASIBLE
@@ -525,7 +526,8 @@ def run(
     summary["applied"] = applied_by_process(workdir / "reports")
     reports = workdir / "reports"
     summary["timeline"] = [
-        asdict(row) for row in _timeline.rows(read_reports(str(reports)) if reports.is_dir() else [])
+        asdict(row)
+        for row in (_timeline.rows(read_reports(str(reports)), str(reports)) if reports.is_dir() else [])
     ]
     return summary
 

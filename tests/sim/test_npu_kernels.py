@@ -542,3 +542,13 @@ def test_a_processs_report_holds_its_kernel_calls_even_when_it_is_killed(tmp_pat
         "torch_npu.npu_rms_norm": 1,
     }, report["simulated"]
     assert report["simulated"]["hccl"] == {}
+    # its import log, written while it ran: what it imported, in order, each module once, with sys.path
+    from npu_compat import _timeline
+
+    log = _timeline.read_imports(str(tmp_path), os.uname().nodename, pid)
+    names = [name for line in log for name in line["new"]]  # type: ignore[attr-defined]
+    assert {"torch", "torch_npu"} <= set(names) and len(names) == len(set(names)), names[-20:]
+    assert names.index("torch") < names.index("torch_npu")
+    assert isinstance(log[0]["sys_path"], list) and all("sys_path" not in line for line in log[1:])
+    times = [line["t"] for line in log]
+    assert times == sorted(times) and times[-1] <= report["updated"] + 3

@@ -1,0 +1,245 @@
+"""A run's start-up floor: the same processes, each only importing what it imported, started in the
+same order and with the same overlap -- and the critical paths of the run and of that floor.
+
+``python -m npu_compat doctor --reports DIR --floor [--until EPOCH]`` and ``bench/run_startup.py``.
+
+The run's start-up is the span from ``begin`` (the first process of the run: with
+:func:`run_begin`, the Ray driver's start) to ``until`` (where its start-up ended, e.g. the weight
+sync's set-up; default: the last process became ready).  Its processes are those of the reports
+that started inside it.  For each, its import log (:func:`npu_compat._timeline.read_imports`)
+names the modules it had imported by ``until``; :func:`replay` starts, for each process, a child
+interpreter (the same executable, with the same ``sys.path``) that imports those modules in the
+same order and exits.  A child starts once the children of every process that was *ready* before
+its process started have exited (:attr:`npu_compat._timeline.Row.ready`): what ran one after the
+other in the run runs one after the other in the floor, and what overlapped overlaps -- on the
+same machine, with the same contention -- while every wait between them is gone.
+
+The floor's critical path is the chain of children that ended last, each the one its successor
+waited for.  The run's critical path is the chain of processes each started after the one it
+*follows* (:func:`npu_compat._timeline.follows`).  npu-compat's own modules are not imported again
+(they are what is measured against the floor); the simulated Ascend's stand-ins for torch_npu and
+vllm-ascend are, as the real ones are imported on a real NPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from . import _timeline
+
+#: Modules a floor child does not import again: npu-compat's own, and each interpreter's entry points.
+_SKIP_PREFIXES = ("npu_compat", "_npu_compat")
+_SKIP = {"__main__", "__mp_main__", "sitecustomize", "usercustomize"}
+
+#: What a floor child runs: ``sys.argv[1]`` names a JSON file with its ``sys_path`` and ``modules``.
+#: It imports each module, counts the ones that fail, and prints that count.
+_CHILD = """
+import importlib, json, sys
+with open(sys.argv[1], encoding="utf-8") as f:
+    spec = json.load(f)
+sys.path[:] = spec["sys_path"]
+failed = 0
+for name in spec["modules"]:
+    if name in sys.modules:
+        continue
+    try:
+        importlib.import_module(name)
+    except BaseException:
+        failed += 1
+print(json.dumps({"failed": failed}), flush=True)
+"""
+
+
+@dataclass
+class Step:
+    """One process of the run, and its floor child."""
+
+    row: _timeline.Row
+    modules: list[str]
+    sys_path: list[str]
+    executable: str
+    #: indices (into the plan) of the processes that were ready before this one started
+    after: list[int]
+    #: the child's start and end, seconds after the replay began; failed: imports that raised
+    started: float | None = None
+    ended: float | None = None
+    failed: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def took(self) -> float | None:
+        return None if self.started is None or self.ended is None else self.ended - self.started
+
+
+def run_begin(table: list[_timeline.Row]) -> float | None:
+    """The start of the run's first Ray driver (the processes before it are the cluster's)."""
+    drivers = [row.start for row in table if row.role == "ray-driver" and row.start is not None]
+    return min(drivers) if drivers else None
+
+
+def plan(
+    reports: list[dict[str, object]], directory: str, begin: float, until: float
+) -> tuple[list[_timeline.Row], list[Step]]:
+    """The run's rows, and a floor step for each process that started in ``[begin, until)``."""
+    table = _timeline.rows(reports, directory)
+    by_key = {(str(r.get("host") or "?"), r.get("pid")): r for r in reports}
+    steps: list[Step] = []
+    for row in table:
+        if row.start is None or not begin <= row.start < until:
+            continue
+        lines = _timeline.read_imports(directory, row.host, row.pid)
+        modules = [
+            name
+            for line in lines
+            if (_timeline._time(line.get("t")) or 0.0) <= until
+            for name in line["new"]  # type: ignore[attr-defined]
+            if name not in _SKIP and not name.startswith(_SKIP_PREFIXES)
+        ]
+        first = lines[0] if lines else {}
+        found = first.get("sys_path")
+        sys_path = [str(entry) for entry in found] if isinstance(found, list) else sys.path
+        executable = str(by_key.get((row.host, row.pid), {}).get("executable") or sys.executable)
+        steps.append(Step(row, modules, list(sys_path), executable, []))
+    for i, step in enumerate(steps):
+        start = step.row.start
+        assert start is not None
+        step.after = [
+            j
+            for j, other in enumerate(steps)
+            if j != i
+            and other.row.start is not None
+            and other.row.start < start
+            and other.row.ready is not None
+            and other.row.ready <= start
+        ]
+    return table, steps
+
+
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A floor child's environment: this one without npu-compat's variables, so that nothing activates."""
+    env = dict(os.environ if environ is None else environ)
+    for name in list(env):
+        if name.startswith("NPU_COMPAT"):
+            del env[name]
+    env["NPU_COMPAT"] = "0"
+    return env
+
+
+def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> float:
+    """Run the floor: each step's child once every step it comes after has ended.  Returns the
+    floor's length (the last child's end); each step gets its child's start, end and failures."""
+    env = child_env()
+    with tempfile.TemporaryDirectory(prefix="npu-compat-floor-") as scratch:
+        specs = []
+        for i, step in enumerate(steps):
+            spec = os.path.join(scratch, f"{i}.json")
+            with open(spec, "w", encoding="utf-8") as f:
+                json.dump({"sys_path": step.sys_path, "modules": step.modules}, f)
+            specs.append(spec)
+        pending = set(range(len(steps)))
+        running: dict[int, subprocess.Popen[str]] = {}
+        t0 = time.monotonic()
+        while pending or running:
+            now = time.monotonic() - t0
+            if now > timeout:
+                for proc in running.values():
+                    proc.kill()
+                raise TimeoutError(f"the floor did not end within {timeout:.0f} s")
+            for i in sorted(pending):
+                if all(steps[j].ended is not None for j in steps[i].after):
+                    pending.discard(i)
+                    steps[i].started = now
+                    running[i] = subprocess.Popen(
+                        [steps[i].executable, "-c", _CHILD, specs[i]],
+                        env=env,
+                        cwd=scratch,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+            for i, proc in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                steps[i].ended = time.monotonic() - t0
+                out = proc.stdout.read() if proc.stdout is not None else ""
+                try:
+                    steps[i].failed = int(json.loads(out.strip().splitlines()[-1])["failed"])
+                except (ValueError, IndexError, KeyError, TypeError):
+                    steps[i].notes.append(f"child exited {proc.returncode} without its count")
+                del running[i]
+            time.sleep(poll)
+    return max((step.ended or 0.0 for step in steps), default=0.0)
+
+
+def floor_path(steps: list[Step]) -> list[int]:
+    """The floor's critical path: from the child that ended last, back through the step it waited for
+    (of those it came after, the one that ended last), to one that waited for none."""
+    done = [i for i, step in enumerate(steps) if step.ended is not None]
+    if not done:
+        return []
+    path = [max(done, key=lambda i: steps[i].ended or 0.0)]
+    while steps[path[-1]].after:
+        path.append(max(steps[path[-1]].after, key=lambda j: steps[j].ended or 0.0))
+    return path[::-1]
+
+
+def run_path(table: list[_timeline.Row], begin: float, until: float) -> list[int]:
+    """The run's critical path: from the process that became ready last by ``until``, back through the
+    process each one follows, while that one started at or after ``begin``."""
+    follows = _timeline.follows(table)
+    inside = [
+        i
+        for i, row in enumerate(table)
+        if row.start is not None and begin <= row.start and row.ready is not None and row.ready <= until
+    ]
+    if not inside:
+        return []
+    path = [max(inside, key=lambda i: table[i].ready or 0.0)]
+    while path[-1] in follows and (table[follows[path[-1]]].start or 0.0) >= begin:
+        path.append(follows[path[-1]])
+    return path[::-1]
+
+
+def _name(row: _timeline.Row) -> str:
+    return f"{row.pid} {row.role} ({row.program})"
+
+
+def render(
+    table: list[_timeline.Row], steps: list[Step], begin: float, until: float, floor: float
+) -> list[str]:
+    """The run's start-up against its floor, with both critical paths, as lines."""
+    startup = until - begin
+    lines = [
+        f"start-up {startup:.1f} s (from the first Ray driver's start to {until - begin:.1f} s); "
+        f"floor {floor:.1f} s ({len(steps)} processes importing what they imported, in the run's order "
+        f"and overlap); ratio {startup / floor:.2f}x"
+        if floor > 0
+        else "floor: nothing to replay",
+        "the run's critical path (each process started after the one above became ready):",
+        f"  {'start':>7s} {'ready':>7s} {'imports':>7s} {'floor':>7s}  process",
+    ]
+    floor_by_pid = {(s.row.host, s.row.pid): s for s in steps}
+    for i in run_path(table, begin, until):
+        row = table[i]
+        step = floor_by_pid.get((row.host, row.pid))
+        took = step.took if step is not None else None
+        imported = f"{row.imported - (row.start or 0):7.1f}" if row.imported is not None else f"{'-':>7s}"
+        lines.append(
+            f"  {(row.start or 0) - begin:7.1f} {(row.ready or 0) - begin:7.1f} {imported} "
+            f"{took if took is not None else float('nan'):7.1f}  {_name(row)}"
+        )
+    lines.append("the floor's critical path (each child started once the one above had ended):")
+    lines.append(f"  {'start':>7s} {'end':>7s} {'took':>7s} {'modules':>7s} {'failed':>6s}  process")
+    for i in floor_path(steps):
+        step = steps[i]
+        lines.append(
+            f"  {step.started or 0:7.1f} {step.ended or 0:7.1f} {step.took or 0:7.1f} {len(step.modules):7d} "
+            f"{step.failed if step.failed is not None else '?':>6}  {_name(step.row)}"
+        )
+    return lines
