@@ -9,16 +9,20 @@ sync's set-up; default: the last process became ready).  Its processes are those
 that started inside it.  For each, its import log (:func:`npu_compat._timeline.read_imports`)
 names the modules it had imported by ``until``; :func:`replay` starts, for each process, a child
 interpreter (the same executable, with the same ``sys.path``) that imports those modules in the
-same order and exits.  A child starts once the children of every process that was *ready* before
-its process started have exited (:attr:`npu_compat._timeline.Row.ready`): what ran one after the
-other in the run runs one after the other in the floor, and what overlapped overlaps -- on the
-same machine, with the same contention -- while every wait between them is gone.
+same order and exits.  The child says when it has imported what its process had imported by the
+time it was *ready* (:attr:`npu_compat._timeline.Row.ready`: its role, e.g. a Ray actor's class
+instantiated), and goes on with the rest.  A child starts once the children of every process
+that was ready before its process started are ready: what ran one after the other in the run
+runs one after the other in the floor, and what overlapped overlaps -- on the same machine, with
+the same contention -- while every wait between them is gone.
 
-The floor's critical path is the chain of children that ended last, each the one its successor
-waited for.  The run's critical path is the chain of processes each started after the one it
-*follows* (:func:`npu_compat._timeline.follows`).  npu-compat's own modules are not imported again
-(they are what is measured against the floor); the simulated Ascend's stand-ins for torch_npu and
-vllm-ascend are, as the real ones are imported on a real NPU.
+The floor's critical path is the chain that ends with the child that ended last, each step the
+one (of those its successor waited for) that was ready last.  The run's critical path is the
+chain of processes each started after the one it *follows* (:func:`npu_compat._timeline.follows`).
+
+npu-compat's own modules are not imported again (they are what is measured against the floor);
+the simulated Ascend's stand-ins for torch_npu and vllm-ascend are, as the real ones are
+imported on a real NPU.
 """
 
 from __future__ import annotations
@@ -37,21 +41,26 @@ from . import _timeline
 _SKIP_PREFIXES = ("npu_compat", "_npu_compat")
 _SKIP = {"__main__", "__mp_main__", "sitecustomize", "usercustomize"}
 
-#: What a floor child runs: ``sys.argv[1]`` names a JSON file with its ``sys_path`` and ``modules``.
-#: It imports each module, counts the ones that fail, and prints that count.
+#: What a floor child runs: ``sys.argv[1]`` names a JSON file with its ``sys_path``, ``modules`` and
+#: ``ready`` (how many of the modules its process had imported when it was ready).  It imports each
+#: module, creates ``sys.argv[1] + ".ready"`` once the first ``ready`` are done, and prints how many
+#: failed.
 _CHILD = """
 import importlib, json, sys
 with open(sys.argv[1], encoding="utf-8") as f:
     spec = json.load(f)
 sys.path[:] = spec["sys_path"]
 failed = 0
-for name in spec["modules"]:
+for i, name in enumerate(spec["modules"]):
+    if i == spec["ready"]:
+        open(sys.argv[1] + ".ready", "w").close()
     if name in sys.modules:
         continue
     try:
         importlib.import_module(name)
     except BaseException:
         failed += 1
+open(sys.argv[1] + ".ready", "w").close()
 print(json.dumps({"failed": failed}), flush=True)
 """
 
@@ -62,12 +71,15 @@ class Step:
 
     row: _timeline.Row
     modules: list[str]
+    #: how many of ``modules`` it had imported when it was ready
+    ready: int
     sys_path: list[str]
     executable: str
     #: indices (into the plan) of the processes that were ready before this one started
     after: list[int]
-    #: the child's start and end, seconds after the replay began; failed: imports that raised
+    #: the child's start, ready and end, seconds after the replay began; failed: imports that raised
     started: float | None = None
+    was_ready: float | None = None
     ended: float | None = None
     failed: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -94,18 +106,22 @@ def plan(
         if row.start is None or not begin <= row.start < until:
             continue
         lines = _timeline.read_imports(directory, row.host, row.pid)
-        modules = [
-            name
-            for line in lines
-            if (_timeline._time(line.get("t")) or 0.0) <= until
-            for name in line["new"]  # type: ignore[attr-defined]
-            if name not in _SKIP and not name.startswith(_SKIP_PREFIXES)
-        ]
+        modules: list[str] = []
+        ready = 0
+        for line in lines:
+            t = _timeline._time(line.get("t")) or 0.0
+            if t > until:
+                break
+            new = line["new"]
+            assert isinstance(new, list)
+            modules += [n for n in new if n not in _SKIP and not n.startswith(_SKIP_PREFIXES)]
+            if row.ready is None or t <= row.ready:
+                ready = len(modules)
         first = lines[0] if lines else {}
         found = first.get("sys_path")
         sys_path = [str(entry) for entry in found] if isinstance(found, list) else sys.path
         executable = str(by_key.get((row.host, row.pid), {}).get("executable") or sys.executable)
-        steps.append(Step(row, modules, list(sys_path), executable, []))
+        steps.append(Step(row, modules, ready, list(sys_path), executable, []))
     for i, step in enumerate(steps):
         start = step.row.start
         assert start is not None
@@ -132,15 +148,15 @@ def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> float:
-    """Run the floor: each step's child once every step it comes after has ended.  Returns the
-    floor's length (the last child's end); each step gets its child's start, end and failures."""
+    """Run the floor: each step's child once every step it comes after is ready.  Returns the
+    floor's length (the last child's end); each step gets its child's start, ready, end and failures."""
     env = child_env()
     with tempfile.TemporaryDirectory(prefix="npu-compat-floor-") as scratch:
         specs = []
         for i, step in enumerate(steps):
             spec = os.path.join(scratch, f"{i}.json")
             with open(spec, "w", encoding="utf-8") as f:
-                json.dump({"sys_path": step.sys_path, "modules": step.modules}, f)
+                json.dump({"sys_path": step.sys_path, "modules": step.modules, "ready": step.ready}, f)
             specs.append(spec)
         pending = set(range(len(steps)))
         running: dict[int, subprocess.Popen[str]] = {}
@@ -151,8 +167,11 @@ def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> flo
                 for proc in running.values():
                     proc.kill()
                 raise TimeoutError(f"the floor did not end within {timeout:.0f} s")
+            for i in running:
+                if steps[i].was_ready is None and os.path.exists(specs[i] + ".ready"):
+                    steps[i].was_ready = now
             for i in sorted(pending):
-                if all(steps[j].ended is not None for j in steps[i].after):
+                if all(steps[j].was_ready is not None for j in steps[i].after):
                     pending.discard(i)
                     steps[i].started = now
                     running[i] = subprocess.Popen(
@@ -167,6 +186,8 @@ def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> flo
                 if proc.poll() is None:
                     continue
                 steps[i].ended = time.monotonic() - t0
+                if steps[i].was_ready is None:
+                    steps[i].was_ready = steps[i].ended
                 out = proc.stdout.read() if proc.stdout is not None else ""
                 try:
                     steps[i].failed = int(json.loads(out.strip().splitlines()[-1])["failed"])
@@ -185,7 +206,7 @@ def floor_path(steps: list[Step]) -> list[int]:
         return []
     path = [max(done, key=lambda i: steps[i].ended or 0.0)]
     while steps[path[-1]].after:
-        path.append(max(steps[path[-1]].after, key=lambda j: steps[j].ended or 0.0))
+        path.append(max(steps[path[-1]].after, key=lambda j: steps[j].was_ready or 0.0))
     return path[::-1]
 
 
@@ -234,12 +255,12 @@ def render(
             f"  {(row.start or 0) - begin:7.1f} {(row.ready or 0) - begin:7.1f} {imported} "
             f"{took if took is not None else float('nan'):7.1f}  {_name(row)}"
         )
-    lines.append("the floor's critical path (each child started once the one above had ended):")
-    lines.append(f"  {'start':>7s} {'end':>7s} {'took':>7s} {'modules':>7s} {'failed':>6s}  process")
+    lines.append("the floor's critical path (each child started once the one above was ready):")
+    lines.append(f"  {'start':>7s} {'ready':>7s} {'end':>7s} {'modules':>7s} {'failed':>6s}  process")
     for i in floor_path(steps):
         step = steps[i]
         lines.append(
-            f"  {step.started or 0:7.1f} {step.ended or 0:7.1f} {step.took or 0:7.1f} {len(step.modules):7d} "
-            f"{step.failed if step.failed is not None else '?':>6}  {_name(step.row)}"
+            f"  {step.started or 0:7.1f} {step.was_ready or 0:7.1f} {step.ended or 0:7.1f} "
+            f"{len(step.modules):7d} {step.failed if step.failed is not None else '?':>6}  {_name(step.row)}"
         )
     return lines

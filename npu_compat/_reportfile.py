@@ -39,10 +39,13 @@ SECTIONS: "dict[str, Callable[[], object]]" = {}
 #: How often the watcher thread looks for new imports and changed sections, in seconds.
 WATCH_EVERY_S = 0.5
 _watching: "list[int]" = []  # the PID whose watcher thread runs (a forked child starts its own)
+_import_log_lock = _thread.allocate_lock()  # forget() never races the watcher's append
 
 
 def _forked() -> None:
     """A forked child is a process of its own: its start is read anew, and it was active from it."""
+    global _import_log_lock
+    _import_log_lock = _thread.allocate_lock()  # the parent's watcher may have held it at the fork
     _started.clear()
     _times.clear()
     if _attached:
@@ -101,13 +104,14 @@ def _watch() -> None:
             if first:
                 line["sys_path"] = list(sys.path)
             target = imports_path()
-            try:
-                if target is not None:
-                    with open(target, "a", encoding="utf-8") as out:
-                        out.write(json.dumps(line) + "\n")
-                    first = False
-            except OSError:
-                pass  # the report's own write warns about an unwritable directory
+            with _import_log_lock:
+                try:
+                    if target is not None and _attached and _watching and _watching[0] == pid:
+                        with open(target, "a", encoding="utf-8") as out:
+                            out.write(json.dumps(line) + "\n")
+                        first = False
+                except OSError:
+                    pass  # the report's own write warns about an unwritable directory
         if SECTIONS:
             now = _sections()
             if now != sections:
@@ -144,9 +148,10 @@ def forget() -> None:
     another program, which starts its own)."""
     global _attached, _last
     target, imports = path(), imports_path()
-    _attached = False
+    with _import_log_lock:
+        _attached = False
+        _watching.clear()
     _last = None
-    _watching.clear()
     activation = sys.modules.get("npu_compat._activation")
     if activation is not None and write in activation.LISTENERS:
         activation.LISTENERS.remove(write)
