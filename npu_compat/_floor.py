@@ -210,57 +210,54 @@ def floor_path(steps: list[Step]) -> list[int]:
     return path[::-1]
 
 
-def run_path(table: list[_timeline.Row], begin: float, until: float) -> list[int]:
-    """The run's critical path: from the process that became ready last by ``until``, back through the
-    process each one follows, while that one started at or after ``begin``."""
-    follows = _timeline.follows(table)
-    inside = [
-        i
-        for i, row in enumerate(table)
-        if row.start is not None and begin <= row.start and row.ready is not None and row.ready <= until
-    ]
-    if not inside:
-        return []
-    path = [max(inside, key=lambda i: table[i].ready or 0.0)]
-    while path[-1] in follows and (table[follows[path[-1]]].start or 0.0) >= begin:
-        path.append(follows[path[-1]])
-    return path[::-1]
-
-
 def _name(row: _timeline.Row) -> str:
-    return f"{row.pid} {row.role} ({row.program})"
+    return f"{row.pid} {row.actor or row.role} ({row.program})"
 
 
 def render(
     table: list[_timeline.Row], steps: list[Step], begin: float, until: float, floor: float
 ) -> list[str]:
-    """The run's start-up against its floor, with both critical paths, as lines."""
+    """The run's start-up against its floor, along the floor's critical path, as lines.
+
+    For each process of the path: in the run, how long it started after the one above it was
+    ready (a wait: what the run did besides starting processes) and how long it took from its
+    start to ready; in the floor, the same span of its child.  The run's start-up is exactly the
+    sum of its waits, its spans and the tail from the last one's ready to ``until``."""
     startup = until - begin
+    if floor <= 0:
+        return ["floor: nothing to replay"]
     lines = [
-        f"start-up {startup:.1f} s (from the first Ray driver's start to {until - begin:.1f} s); "
-        f"floor {floor:.1f} s ({len(steps)} processes importing what they imported, in the run's order "
-        f"and overlap); ratio {startup / floor:.2f}x"
-        if floor > 0
-        else "floor: nothing to replay",
-        "the run's critical path (each process started after the one above became ready):",
-        f"  {'start':>7s} {'ready':>7s} {'imports':>7s} {'floor':>7s}  process",
+        f"start-up {startup:.1f} s (from the first Ray driver's start); floor {floor:.1f} s "
+        f"({len(steps)} processes importing what they imported, in the run's order and overlap); "
+        f"ratio {startup / floor:.2f}x",
+        "along the floor's critical path (each process started once the one above was ready):",
+        f"  {'run: waited':>11s} {'start':>7s} {'to ready':>8s} | {'floor: to ready':>15s} {'modules':>7s}"
+        "  process",
     ]
-    floor_by_pid = {(s.row.host, s.row.pid): s for s in steps}
-    for i in run_path(table, begin, until):
-        row = table[i]
-        step = floor_by_pid.get((row.host, row.pid))
-        took = step.took if step is not None else None
-        imported = f"{row.imported - (row.start or 0):7.1f}" if row.imported is not None else f"{'-':>7s}"
+    path = floor_path(steps)
+    waited = spans = floors = 0.0
+    previous: float | None = begin
+    for i in path:
+        step, row = steps[i], steps[i].row
+        start, ready = row.start or 0.0, row.ready or 0.0
+        wait = max(0.0, start - previous) if previous is not None else 0.0
+        own = (step.was_ready or 0.0) - (step.started or 0.0)
+        waited, spans, floors = waited + wait, spans + (ready - start), floors + own
         lines.append(
-            f"  {(row.start or 0) - begin:7.1f} {(row.ready or 0) - begin:7.1f} {imported} "
-            f"{took if took is not None else float('nan'):7.1f}  {_name(row)}"
+            f"  {wait:11.1f} {start - begin:7.1f} {ready - start:8.1f} | {own:15.1f} {len(step.modules):7d}  "
+            f"{_name(row)}"
         )
-    lines.append("the floor's critical path (each child started once the one above was ready):")
-    lines.append(f"  {'start':>7s} {'ready':>7s} {'end':>7s} {'modules':>7s} {'failed':>6s}  process")
-    for i in floor_path(steps):
-        step = steps[i]
+        previous = ready
+    if path:
+        last = steps[path[-1]]
+        tail = until - (previous or until)
+        floor_tail = (last.ended or 0.0) - (last.was_ready or 0.0)
         lines.append(
-            f"  {step.started or 0:7.1f} {step.was_ready or 0:7.1f} {step.ended or 0:7.1f} "
-            f"{len(step.modules):7d} {step.failed if step.failed is not None else '?':>6}  {_name(step.row)}"
+            f"  {tail:11.1f} {until - begin:7.1f} {'':8s} | {floor_tail:15.1f} {'':7s}  after the last was "
+            "ready: the run to its end of start-up, the floor to its child's end"
+        )
+        lines.append(
+            f"  in all: the run waited {waited + tail:.1f} s and its processes took {spans:.1f} s to be "
+            f"ready; the floor's took {floors:.1f} s"
         )
     return lines

@@ -39,6 +39,8 @@ class Row:
     imported: float | None = None
     #: how many modules it had imported by then
     modules: int = 0
+    #: its Ray actor's class, where it is one
+    actor: str | None = None
 
     @property
     def ready(self) -> float | None:
@@ -125,9 +127,16 @@ def rows(reports: list[dict[str, object]], directory: str | None = None) -> list
                 updated=_time(r.get("updated")),
                 imported=imported,
                 modules=modules,
+                actor=_actor(r),
             )
         )
     return sorted(out, key=lambda row: (row.first if row.first is not None else float("inf"), row.pid))
+
+
+def _actor(report: dict[str, object]) -> str | None:
+    ray = report.get("ray")
+    name = ray.get("actor_class") if isinstance(ray, dict) else None
+    return str(name) if name else None
 
 
 def _origin(table: list[Row]) -> float:
@@ -192,7 +201,7 @@ def render_text(table: list[Row]) -> list[str]:
         lines.append(
             f"  {i + 1:>3d} {at(start)} {after(row.activated, start)} {after(row.imported, start)} "
             f"{after(row.role_known, start)} {after(row.updated, start)} {row.pid:>8d} {parent:>6s} "
-            f"{follow:>7s}  {row.role}, {row.program}"
+            f"{follow:>7s}  {row.actor or row.role}, {row.program}"
         )
     ends = [row.last for row in table if row.last is not None]
     if ends:
@@ -227,7 +236,7 @@ def render_svg(table: list[Row], title: str = "npu-compat run timeline") -> str:
         tick += step
     for i, row in enumerate(table):
         y = _TOP + _ROW * i
-        label = f"{row.pid} {row.role} ({row.program})"
+        label = f"{row.pid} {row.actor or row.role} ({row.program})"
         out.append(f'<text x="8" y="{y + 13}">{escape(label[:56])}</text>')
         start = row.start
         if start is None or row.last is None:

@@ -408,6 +408,11 @@ def test_the_timeline_orders_a_runs_processes_by_start_and_draws_them(tmp_path: 
             times["role"] = base + known
         rep.update(ppid=ppid, times=times, updated=base + updated)
         (reports / f"node1-{pid}.json").write_text(json.dumps(rep))
+    # the actor's import log: its imports are done at the last look before its role (12.5)
+    log = [(10.0, ["a", "b"]), (12.0, ["c"]), (20.0, ["d"])]
+    (reports / "node1-23.imports.jsonl").write_text(
+        "".join(json.dumps({"t": base + t, "new": new}) + "\n" for t, new in log) + '{"t": 1'  # cut by a kill
+    )
     svg = tmp_path / "timeline.svg"
     proc = run(
         [*DOCTOR, "--reports", str(reports), "--timeline", "--svg", str(svg)], child_env(), check=False
@@ -415,16 +420,20 @@ def test_the_timeline_orders_a_runs_processes_by_start_and_draws_them(tmp_path: 
     lines = proc.stdout.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("timeline (3 processes")))
     rows = [x.split() for x in lines[at + 2 : at + 5]]
-    assert [r[5] for r in rows] == ["21", "22", "23"]  # by start
-    assert rows[0][1:5] == ["0.00", "+0.40", "+2.00", "+30.00"]
-    assert rows[1][1:7] == ["5.00", "+0.20", "-", "+1.00", "22", "#1"]  # its parent is row 1
-    assert rows[2][1:7] == ["9.50", "+1.50", "+3.00", "+30.50", "23", "#1"]
+    assert [r[6] for r in rows] == ["21", "22", "23"]  # by start
+    assert rows[0][1:9] == ["0.00", "+0.40", "-", "+2.00", "+30.00", "21", "-", "-"]
+    # 22's parent is row 1, and it started after the driver was ready (its role at 2.0)
+    assert rows[1][1:9] == ["5.00", "+0.20", "-", "-", "+1.00", "22", "#1", "#1"]
+    # 23 started after 22 was ready (activated at 5.2, no role, no import log): the last ready before 9.5
+    assert rows[2][1:9] == ["9.50", "+1.50", "+2.50", "+3.00", "+30.50", "23", "#1", "#2"]
     assert "last change at 40.00 s" in proc.stdout
     import xml.etree.ElementTree as ET
 
     root = ET.fromstring(svg.read_text())
     bars = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("fill") == "#4a7ebb"]
     assert len(bars) == 3
+    importing = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("fill") == "#8fb0d9"]
+    assert len(importing) == 1 and "3 modules" in svg.read_text()
     assert "23 ray-actor" in svg.read_text()
 
 
