@@ -18,12 +18,14 @@ cluster's start (``ray start``) is before the driver's start and not part of the
 length is printed too.  Run: ``python bench/run_startup.py [ROUNDS] [--svg DIR]`` in an environment
 with stack (a) (``nox -s stack-a`` installs it; ``.nox/stack-a/bin/python bench/run_startup.py``).
 With ``--svg DIR``, each round's timeline chart is written there (``round<i>.svg``); ``--keep DIR``
-keeps each round's logs and reports.
+keeps each round's logs and reports, with its start-up's bounds (``round<i>/startup.json``), and
+``--floors-of DIR`` measures the floors of such kept rounds again, without running them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -54,16 +56,22 @@ def warm() -> None:
     )
 
 
-def one_round(index: int, scratch: Path, model: Path, svg: Path | None) -> dict[str, object]:
+def one_round(index: int, scratch: Path, model: Path | None, svg: Path | None) -> dict[str, object]:
+    """Run round ``index`` (with ``model``) or, without, read the kept one; then measure its floor."""
     out = scratch / f"round{index}"
     t0 = time.time()
-    summary = scenario.run("compat", out, timeout=900, model=model)
-    stage_s = summary.get("stage_s") or {}
-    assert isinstance(stage_s, dict)
-    if summary.get("rc") != 0 or END_STAGE not in stage_s:
-        rc = summary.get("rc")
-        raise SystemExit(f"round {index}: the run did not reach {END_STAGE} (rc {rc}); see {out}")
-    until = float(summary["started_at"]) + float(stage_s[END_STAGE])  # type: ignore[arg-type]
+    bounds = out / "startup.json"
+    if model is not None:
+        summary = scenario.run("compat", out, timeout=900, model=model)
+        stage_s = summary.get("stage_s") or {}
+        assert isinstance(stage_s, dict)
+        if summary.get("rc") != 0 or END_STAGE not in stage_s:
+            rc = summary.get("rc")
+            raise SystemExit(f"round {index}: the run did not reach {END_STAGE} (rc {rc}); see {out}")
+        until = float(summary["started_at"]) + float(stage_s[END_STAGE])  # type: ignore[arg-type]
+        bounds.write_text(json.dumps({"until": until}), encoding="utf-8")
+    else:
+        until = float(json.loads(bounds.read_text(encoding="utf-8"))["until"])
     reports_dir = str(out / "work" / "reports")
     reports = read_reports(reports_dir)
     table = _timeline.rows(reports, reports_dir)
@@ -93,12 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rounds", nargs="?", type=int, default=3)
     parser.add_argument("--svg", type=Path, help="write each round's timeline chart here")
     parser.add_argument("--keep", type=Path, help="keep each round's logs and reports here")
+    parser.add_argument(
+        "--floors-of", type=Path, help="measure the floors of the rounds kept in this directory"
+    )
     args = parser.parse_args(argv)
+    if args.floors_of is not None:
+        args.keep = args.floors_of
     scratch = Path(tempfile.mkdtemp(prefix="npu-compat-bench-")) if args.keep is None else args.keep
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         warm()
-        model = scenario.make_model(scratch / "tiny-model")
+        model = None if args.floors_of is not None else scenario.make_model(scratch / "tiny-model")
         results = []
         for i in range(1, args.rounds + 1):
             r = one_round(i, scratch, model, args.svg)

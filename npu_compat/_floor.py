@@ -7,18 +7,19 @@ The run's start-up is the span from ``begin`` (the first process of the run: wit
 :func:`run_begin`, the Ray driver's start) to ``until`` (where its start-up ended, e.g. the weight
 sync's set-up; default: the last process became ready).  Its processes are those of the reports
 that started inside it.  For each, its import log (:func:`npu_compat._timeline.read_imports`)
-names the modules it had imported by ``until``; :func:`replay` starts, for each process, a child
-interpreter (the same executable, with the same ``sys.path``) that imports those modules in the
-same order and exits.  The child says when it has imported what its process had imported by the
-time it was *ready* (:attr:`npu_compat._timeline.Row.ready`: its role, e.g. a Ray actor's class
-instantiated), and goes on with the rest.  A child starts once the children of every process
-that was ready before its process started are ready: what ran one after the other in the run
-runs one after the other in the floor, and what overlapped overlaps -- on the same machine, with
-the same contention -- while every wait between them is gone.
+names the modules it had imported by ``until``, and when (to the watcher's half second);
+:func:`replay` starts, for each process, a child interpreter (the same executable, with the same
+``sys.path``) that imports those modules in the same order and exits.  A child starts once the
+child of every process that had started before its process did has imported as many modules as
+that process had by then: what the run did one after the other, the floor does one after the
+other (a driver that imports Trinity's explorer before it creates the Explorer actor), and what
+overlapped overlaps -- on the same machine, with the same contention -- while every span in which
+the run imported nothing on the way is gone.
 
 The floor's critical path is the chain that ends with the child that ended last, each step the
-one (of those its successor waited for) that was ready last.  The run's critical path is the
-chain of processes each started after the one it *follows* (:func:`npu_compat._timeline.follows`).
+child (and the point in it) that its successor waited for last.  Along it, the run's start-up is
+exactly the sum of each process's span from its start to that point, the *waits* between that
+point and the next process's start, and the tail to ``until`` (:func:`render`).
 
 npu-compat's own modules are not imported again (they are what is measured against the floor);
 the simulated Ascend's stand-ins for torch_npu and vllm-ascend are, as the real ones are
@@ -42,25 +43,26 @@ _SKIP_PREFIXES = ("npu_compat", "_npu_compat")
 _SKIP = {"__main__", "__mp_main__", "sitecustomize", "usercustomize"}
 
 #: What a floor child runs: ``sys.argv[1]`` names a JSON file with its ``sys_path``, ``modules`` and
-#: ``ready`` (how many of the modules its process had imported when it was ready).  It imports each
-#: module, creates ``sys.argv[1] + ".ready"`` once the first ``ready`` are done, and prints how many
-#: failed.
+#: ``marks``.  It imports each module; before the module at index ``k`` in ``marks`` (and at the end,
+#: ``k`` = their number) it creates ``sys.argv[1] + ".<k>"``: ``k`` modules are done.  It prints how
+#: many imports failed.
 _CHILD = """
 import importlib, json, sys
 with open(sys.argv[1], encoding="utf-8") as f:
     spec = json.load(f)
 sys.path[:] = spec["sys_path"]
+marks = set(spec["marks"])
 failed = 0
 for i, name in enumerate(spec["modules"]):
-    if i == spec["ready"]:
-        open(sys.argv[1] + ".ready", "w").close()
+    if i in marks:
+        open(sys.argv[1] + "." + str(i), "w").close()
     if name in sys.modules:
         continue
     try:
         importlib.import_module(name)
     except BaseException:
         failed += 1
-open(sys.argv[1] + ".ready", "w").close()
+open(sys.argv[1] + "." + str(len(spec["modules"])), "w").close()
 print(json.dumps({"failed": failed}), flush=True)
 """
 
@@ -71,22 +73,30 @@ class Step:
 
     row: _timeline.Row
     modules: list[str]
-    #: how many of ``modules`` it had imported when it was ready
-    ready: int
+    #: when the run's process had imported each of ``modules`` (its import log's look)
+    times: list[float]
     sys_path: list[str]
     executable: str
-    #: indices (into the plan) of the processes that were ready before this one started
-    after: list[int]
-    #: the child's start, ready and end, seconds after the replay began; failed: imports that raised
+    #: index (into the plan) of each process that started before this one -> how many of its modules
+    #: it had imported when this one started: the child waits for that many in that one's child
+    after: dict[int, int] = field(default_factory=dict)
+    #: the counts other children wait for in this one
+    marks: set[int] = field(default_factory=set)
+    #: the child's start and end, and when it reached each mark, seconds after the replay began
     started: float | None = None
-    was_ready: float | None = None
     ended: float | None = None
+    reached: dict[int, float] = field(default_factory=dict)
+    #: imports that raised in the child
     failed: int | None = None
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def took(self) -> float | None:
-        return None if self.started is None or self.ended is None else self.ended - self.started
+    def imported_by(self, t: float) -> int:
+        """How many of its modules the run's process had imported by ``t``."""
+        return sum(1 for x in self.times if x <= t)
+
+    def run_time_of(self, count: int) -> float:
+        """When the run's process had imported ``count`` of its modules (its start for 0)."""
+        return self.times[count - 1] if count > 0 else (self.row.start or 0.0)
 
 
 def run_begin(table: list[_timeline.Row]) -> float | None:
@@ -107,33 +117,28 @@ def plan(
             continue
         lines = _timeline.read_imports(directory, row.host, row.pid)
         modules: list[str] = []
-        ready = 0
+        times: list[float] = []
         for line in lines:
             t = _timeline._time(line.get("t")) or 0.0
             if t > until:
                 break
             new = line["new"]
             assert isinstance(new, list)
-            modules += [n for n in new if n not in _SKIP and not n.startswith(_SKIP_PREFIXES)]
-            if row.ready is None or t <= row.ready:
-                ready = len(modules)
+            kept = [n for n in new if n not in _SKIP and not n.startswith(_SKIP_PREFIXES)]
+            modules += kept
+            times += [t] * len(kept)
         first = lines[0] if lines else {}
         found = first.get("sys_path")
         sys_path = [str(entry) for entry in found] if isinstance(found, list) else sys.path
         executable = str(by_key.get((row.host, row.pid), {}).get("executable") or sys.executable)
-        steps.append(Step(row, modules, ready, list(sys_path), executable, []))
+        steps.append(Step(row, modules, times, list(sys_path), executable))
     for i, step in enumerate(steps):
         start = step.row.start
         assert start is not None
-        step.after = [
-            j
-            for j, other in enumerate(steps)
-            if j != i
-            and other.row.start is not None
-            and other.row.start < start
-            and other.row.ready is not None
-            and other.row.ready <= start
-        ]
+        for j, other in enumerate(steps):
+            if j != i and other.row.start is not None and other.row.start < start:
+                step.after[j] = other.imported_by(start)
+                other.marks.add(step.after[j])
     return table, steps
 
 
@@ -148,15 +153,17 @@ def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> float:
-    """Run the floor: each step's child once every step it comes after is ready.  Returns the
-    floor's length (the last child's end); each step gets its child's start, ready, end and failures."""
+    """Run the floor: each step's child once every child it comes after has reached its mark.  Returns
+    the floor's length (the last child's end); each step gets its child's start, marks, end, failures."""
     env = child_env()
     with tempfile.TemporaryDirectory(prefix="npu-compat-floor-") as scratch:
         specs = []
         for i, step in enumerate(steps):
             spec = os.path.join(scratch, f"{i}.json")
             with open(spec, "w", encoding="utf-8") as f:
-                json.dump({"sys_path": step.sys_path, "modules": step.modules, "ready": step.ready}, f)
+                json.dump(
+                    {"sys_path": step.sys_path, "modules": step.modules, "marks": sorted(step.marks)}, f
+                )
             specs.append(spec)
         pending = set(range(len(steps)))
         running: dict[int, subprocess.Popen[str]] = {}
@@ -168,10 +175,11 @@ def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> flo
                     proc.kill()
                 raise TimeoutError(f"the floor did not end within {timeout:.0f} s")
             for i in running:
-                if steps[i].was_ready is None and os.path.exists(specs[i] + ".ready"):
-                    steps[i].was_ready = now
+                for mark in steps[i].marks - steps[i].reached.keys():
+                    if os.path.exists(f"{specs[i]}.{mark}"):
+                        steps[i].reached[mark] = now
             for i in sorted(pending):
-                if all(steps[j].was_ready is not None for j in steps[i].after):
+                if all(k in steps[j].reached for j, k in steps[i].after.items()):
                     pending.discard(i)
                     steps[i].started = now
                     running[i] = subprocess.Popen(
@@ -185,9 +193,9 @@ def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> flo
             for i, proc in list(running.items()):
                 if proc.poll() is None:
                     continue
-                steps[i].ended = time.monotonic() - t0
-                if steps[i].was_ready is None:
-                    steps[i].was_ready = steps[i].ended
+                ended = steps[i].ended = time.monotonic() - t0
+                for mark in steps[i].marks - steps[i].reached.keys():  # a child that died: all at its end
+                    steps[i].reached[mark] = ended
                 out = proc.stdout.read() if proc.stdout is not None else ""
                 try:
                     steps[i].failed = int(json.loads(out.strip().splitlines()[-1])["failed"])
@@ -198,15 +206,18 @@ def replay(steps: list[Step], timeout: float = 600.0, poll: float = 0.02) -> flo
     return max((step.ended or 0.0 for step in steps), default=0.0)
 
 
-def floor_path(steps: list[Step]) -> list[int]:
-    """The floor's critical path: from the child that ended last, back through the step it waited for
-    (of those it came after, the one that ended last), to one that waited for none."""
+def floor_path(steps: list[Step]) -> list[tuple[int, int]]:
+    """The floor's critical path as (step, mark) pairs: from the child that ended last (its mark: all
+    its modules), back through the child and mark each one waited for last, to one that waited for none."""
     done = [i for i, step in enumerate(steps) if step.ended is not None]
     if not done:
         return []
-    path = [max(done, key=lambda i: steps[i].ended or 0.0)]
-    while steps[path[-1]].after:
-        path.append(max(steps[path[-1]].after, key=lambda j: steps[j].was_ready or 0.0))
+    last = max(done, key=lambda i: steps[i].ended or 0.0)
+    path = [(last, len(steps[last].modules))]
+    while steps[path[-1][0]].after:
+        after = steps[path[-1][0]].after
+        j = max(after, key=lambda j: steps[j].reached.get(after[j], 0.0))
+        path.append((j, after[j]))
     return path[::-1]
 
 
@@ -219,10 +230,12 @@ def render(
 ) -> list[str]:
     """The run's start-up against its floor, along the floor's critical path, as lines.
 
-    For each process of the path: in the run, how long it started after the one above it was
-    ready (a wait: what the run did besides starting processes) and how long it took from its
-    start to ready; in the floor, the same span of its child.  The run's start-up is exactly the
-    sum of its waits, its spans and the tail from the last one's ready to ``until``."""
+    For each process of the path: in the run, how long it started after the process above had
+    reached the point it waited for (a wait: the run imported nothing on the way), and its span
+    from its start to its own point (the next one's wait, or for the last one its last import);
+    in the floor, the same span of its child.  The run's start-up is exactly the sum of its waits,
+    its spans and the tail from the last one's point to ``until``."""
+    del table  # the rows are the steps'
     startup = until - begin
     if floor <= 0:
         return ["floor: nothing to replay"]
@@ -230,34 +243,30 @@ def render(
         f"start-up {startup:.1f} s (from the first Ray driver's start); floor {floor:.1f} s "
         f"({len(steps)} processes importing what they imported, in the run's order and overlap); "
         f"ratio {startup / floor:.2f}x",
-        "along the floor's critical path (each process started once the one above was ready):",
-        f"  {'run: waited':>11s} {'start':>7s} {'to ready':>8s} | {'floor: to ready':>15s} {'modules':>7s}"
-        "  process",
+        "along the floor's critical path (each process started once the one above had imported as much as "
+        "when it started):",
+        f"  {'run: waited':>11s} {'start':>7s} {'span':>7s} | {'floor: span':>11s} {'modules':>7s}  process",
     ]
-    path = floor_path(steps)
     waited = spans = floors = 0.0
-    previous: float | None = begin
-    for i in path:
-        step, row = steps[i], steps[i].row
-        start, ready = row.start or 0.0, row.ready or 0.0
-        wait = max(0.0, start - previous) if previous is not None else 0.0
-        own = (step.was_ready or 0.0) - (step.started or 0.0)
-        waited, spans, floors = waited + wait, spans + (ready - start), floors + own
+    previous = begin
+    for i, mark in floor_path(steps):
+        step = steps[i]
+        start = step.row.start or 0.0
+        point = step.run_time_of(mark)
+        wait = max(0.0, start - previous)
+        own = step.reached.get(mark, step.ended or 0.0) - (step.started or 0.0)
+        waited, spans, floors = waited + wait, spans + max(0.0, point - start), floors + own
         lines.append(
-            f"  {wait:11.1f} {start - begin:7.1f} {ready - start:8.1f} | {own:15.1f} {len(step.modules):7d}  "
-            f"{_name(row)}"
+            f"  {wait:11.1f} {start - begin:7.1f} {max(0.0, point - start):7.1f} | {own:11.1f} {mark:7d}  "
+            f"{_name(step.row)}"
         )
-        previous = ready
-    if path:
-        last = steps[path[-1]]
-        tail = until - (previous or until)
-        floor_tail = (last.ended or 0.0) - (last.was_ready or 0.0)
-        lines.append(
-            f"  {tail:11.1f} {until - begin:7.1f} {'':8s} | {floor_tail:15.1f} {'':7s}  after the last was "
-            "ready: the run to its end of start-up, the floor to its child's end"
-        )
-        lines.append(
-            f"  in all: the run waited {waited + tail:.1f} s and its processes took {spans:.1f} s to be "
-            f"ready; the floor's took {floors:.1f} s"
-        )
+        previous = max(point, start)
+    tail = until - previous
+    lines.append(
+        f"  {tail:11.1f} {until - begin:7.1f} {'':7s} | {'':11s} {'':7s}  the rest of the run's start-up"
+    )
+    lines.append(
+        f"  in all: the run waited {waited + tail:.1f} s and its processes' spans took {spans:.1f} s; "
+        f"the floor's took {floors:.1f} s"
+    )
     return lines
