@@ -358,7 +358,6 @@ TWO_NODES = [
 ]
 
 
-@pytest.mark.beyond_ci
 def test_compat_both_on_two_nodes_syncs_the_weights_from_one_node_to_the_other(
     tmp_path: Path, tiny_model: Path
 ) -> None:
