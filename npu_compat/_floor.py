@@ -233,8 +233,10 @@ def render(
     For each process of the path: in the run, how long it started after the process above had
     reached the point it waited for (a wait: the run imported nothing on the way), and its span
     from its start to its own point (the next one's wait, or for the last one its last import);
-    in the floor, the same span of its child.  The run's start-up is exactly the sum of its waits,
-    its spans and the tail from the last one's point to ``until``."""
+    in the floor, the same span of its child, and how much longer the run's span was: the time the
+    process (or the run around it) spent on anything but these imports -- its own work, or waiting
+    for another process.  The run's start-up is exactly the sum of its waits, its spans and the tail
+    from the last one's point to ``until``."""
     del table  # the rows are the steps'
     startup = until - begin
     if floor <= 0:
@@ -245,7 +247,8 @@ def render(
         f"ratio {startup / floor:.2f}x",
         "along the floor's critical path (each process started once the one above had imported as much as "
         "when it started):",
-        f"  {'run: waited':>11s} {'start':>7s} {'span':>7s} | {'floor: span':>11s} {'modules':>7s}  process",
+        f"  {'run: waited':>11s} {'start':>7s} {'span':>7s} | {'floor: span':>11s} {'modules':>7s} | "
+        f"{'run - floor':>11s}  process",
     ]
     waited = spans = floors = 0.0
     previous = begin
@@ -255,18 +258,19 @@ def render(
         point = step.run_time_of(mark)
         wait = max(0.0, start - previous)
         own = step.reached.get(mark, step.ended or 0.0) - (step.started or 0.0)
-        waited, spans, floors = waited + wait, spans + max(0.0, point - start), floors + own
+        span = max(0.0, point - start)
+        waited, spans, floors = waited + wait, spans + span, floors + own
         lines.append(
-            f"  {wait:11.1f} {start - begin:7.1f} {max(0.0, point - start):7.1f} | {own:11.1f} {mark:7d}  "
+            f"  {wait:11.1f} {start - begin:7.1f} {span:7.1f} | {own:11.1f} {mark:7d} | {span - own:+11.1f}  "
             f"{_name(step.row)}"
         )
         previous = max(point, start)
     tail = until - previous
     lines.append(
-        f"  {tail:11.1f} {until - begin:7.1f} {'':7s} | {'':11s} {'':7s}  the rest of the run's start-up"
+        f"  {tail:11.1f} {until - begin:7.1f} {'':7s} | {'':11s} {'':7s} | {'':11s}  the rest of the start-up"
     )
     lines.append(
-        f"  in all: the run waited {waited + tail:.1f} s and its processes' spans took {spans:.1f} s; "
-        f"the floor's took {floors:.1f} s"
+        f"  in all: the run waited {waited + tail:.1f} s between processes and its processes' spans took "
+        f"{spans:.1f} s, {spans - floors:+.1f} s against the floor's {floors:.1f} s"
     )
     return lines
