@@ -1,5 +1,5 @@
 """A run's start-up floor: the same processes, each only importing what it imported, started in the
-same order and with the same overlap -- and the critical paths of the run and of that floor.
+same order and with the same overlap -- and the run laid along the floor's critical path.
 
 ``python -m npu_compat doctor --reports DIR --floor [--until EPOCH]`` and ``bench/run_startup.py``.
 
@@ -119,7 +119,7 @@ def plan(
         modules: list[str] = []
         times: list[float] = []
         for line in lines:
-            t = _timeline._time(line.get("t")) or 0.0
+            t = _timeline.as_seconds(line.get("t")) or 0.0
             if t > until:
                 break
             new = line["new"]
@@ -273,4 +273,6 @@ def render(
         f"  in all: the run waited {waited + tail:.1f} s between processes and its processes' spans took "
         f"{spans:.1f} s, {spans - floors:+.1f} s against the floor's {floors:.1f} s"
     )
+    for step in steps:
+        lines += [f"  note: {_name(step.row)}: {note}" for note in step.notes]
     return lines

@@ -68,7 +68,8 @@ class Row:
         return self.started if self.started is not None else self.first
 
 
-def _time(value: object) -> float | None:
+def as_seconds(value: object) -> float | None:
+    """A report's time (seconds since the epoch), or None where it holds none."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -95,7 +96,7 @@ def imports_done(lines: list[dict[str, object]], until: float | None) -> tuple[f
     the lines up to it name."""
     done, count = None, 0
     for line in lines:
-        t = _time(line.get("t"))
+        t = as_seconds(line.get("t"))
         if t is None or (until is not None and t > until):
             break
         done, count = t, count + len(line["new"])  # type: ignore[arg-type]
@@ -110,7 +111,7 @@ def rows(reports: list[dict[str, object]], directory: str | None = None) -> list
         times = r.get("times") if isinstance(r.get("times"), dict) else {}
         assert isinstance(times, dict)
         host, pid = str(r.get("host") or "?"), int(r.get("pid") or 0)  # type: ignore[call-overload]
-        role_known = _time(times.get("role"))
+        role_known = as_seconds(times.get("role"))
         imported, modules = (
             imports_done(read_imports(directory, host, pid), role_known) if directory else (None, 0)
         )
@@ -121,10 +122,10 @@ def rows(reports: list[dict[str, object]], directory: str | None = None) -> list
                 ppid=int(r.get("ppid") or 0),  # type: ignore[call-overload]
                 role=str(r.get("role") or "?"),
                 program=str(r.get("program") or "?"),
-                started=_time(times.get("started")),
-                activated=_time(times.get("activated")),
+                started=as_seconds(times.get("started")),
+                activated=as_seconds(times.get("activated")),
                 role_known=role_known,
-                updated=_time(r.get("updated")),
+                updated=as_seconds(r.get("updated")),
                 imported=imported,
                 modules=modules,
                 actor=_actor(r),

@@ -155,6 +155,10 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     for row in timeline:
         assert None not in (row["started"], row["activated"], row["updated"]), row
         assert row["started"] <= row["activated"] + 0.02 and row["activated"] <= row["updated"], row
+        # its import log (issue 26) places its imports' end, up to its role, in every Ray actor and vLLM process
+        if row["role"] == "ray-actor" or row["role"].startswith("vllm ("):
+            assert row["imported"] is not None and row["modules"] > 100, row
+            assert row["started"] <= row["imported"] <= row["role_known"], row
     # each patch is reported applied in the process where its code runs
     _assert_applied(
         result,
