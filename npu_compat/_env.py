@@ -112,11 +112,6 @@ RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
 #: The cluster a ``ray.init()`` without an address connects to; the simulated Ascend's cluster sets it
 #: for its own processes (its temp dir is private, so Ray's ``ray_current_cluster`` file is not found).
 RAY_ADDRESS = "RAY_ADDRESS"
-#: Seconds between two updates of Ray's autoscaler (default 5), whose report is what ``ray status``
-#: prints -- and ``trinity run`` refuses to start until ``ray status`` succeeds.  The simulated
-#: Ascend's cluster sets it to 1, as Ray's own test cluster does (``ray/cluster_utils.py``), unless
-#: it is set already.
-AUTOSCALER_UPDATE_INTERVAL_S = "AUTOSCALER_UPDATE_INTERVAL_S"
 
 #: The device variables a per-process report may contain, besides ``NPU_COMPAT*``
 #: (no other environment value is ever written to a report).

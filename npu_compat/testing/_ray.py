@@ -268,9 +268,6 @@ def npu_ray_cluster(
     log = temp_dir / "ray-start.log"
     cluster_env = simulation_env(npus_per_node, env)
     cluster_env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # the autoscaler's first report lists the nodes (ray status, and Trinity's check of it): at Ray's
-    # default 5 s between updates it came 12-16 s after the head's start, at 1 s within a few
-    cluster_env.setdefault(_env.AUTOSCALER_UPDATE_INTERVAL_S, "1")
     auth_env = cluster_auth_env(temp_dir)
     cluster_env.pop(_env.RAY_AUTH_TOKEN, None)  # an inherited token would win over the cluster's file
     cluster_env.update(auth_env)
