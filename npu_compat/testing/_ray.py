@@ -188,15 +188,41 @@ def _active_nodes(status: str) -> int:
     return len(re.findall(r"^\s*\d+ node_[0-9a-f]+\s*$", active, re.MULTILINE))
 
 
+#: The longest the autoscaler's log may keep ``ray status`` from being asked, in seconds.
+_QUIET_AT_MOST_S = 10.0
+
+
+def _monitor_active(monitor_log: Path) -> int | None:
+    """How many nodes the autoscaler's last report in the head's ``monitor.log`` lists as active (the
+    report ``ray status`` prints); None before its first report."""
+    try:
+        text = monitor_log.read_text(errors="replace")
+    except OSError:
+        return None
+    _, found, report = text.rpartition("Autoscaler status:")
+    return _active_nodes(report) if found else None
+
+
 def _wait_for_nodes(
     address: str, nodes: int, env: Mapping[str, str], deadline: float, procs: list[subprocess.Popen[bytes]],
-    logs: list[Path],
+    logs: list[Path], monitor_log: Path | None = None,
 ) -> None:  # fmt: skip
-    """Until ``ray status`` (the autoscaler's view, which placement groups see too) lists ``nodes``."""
+    """Until ``ray status`` (the autoscaler's view, which placement groups see too) lists ``nodes``.
+
+    ``ray status`` is a Ray client of its own, about 3 s of a core here.  With ``monitor_log`` (the
+    head's ``monitor.log``), it is asked only once the autoscaler has logged a report that lists
+    ``nodes``, or after :data:`_QUIET_AT_MOST_S` without asking (a log in another format)."""
     argv = [_ray_executable(), "status", "--address", address]
     last = ""
+    asked = time.monotonic()
     while time.monotonic() < deadline:
         _check_running(procs, logs)
+        if monitor_log is not None and time.monotonic() - asked < _QUIET_AT_MOST_S:
+            seen = _monitor_active(monitor_log)
+            if seen is None or seen < nodes:
+                time.sleep(0.2)
+                continue
+        asked = time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
             out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=60, check=False)
             last = out.stdout + out.stderr
@@ -215,7 +241,7 @@ HEAD_TRIES = 3
 
 def _start_head(
     node_args: list[str], env: dict[str, str], log: Path, prefix: list[str] | None, deadline: float,
-    procs: list[subprocess.Popen[bytes]],
+    procs: list[subprocess.Popen[bytes]], monitor_log: Path | None = None,
 ) -> str:  # fmt: skip
     """Start the head (appended to ``procs``) and return its address once ``ray status`` lists it.
 
@@ -231,7 +257,7 @@ def _start_head(
         procs.append(_ray_start(head_args, env, log, prefix))
         try:
             _wait_for_port(port, deadline, procs[0], log)
-            _wait_for_nodes(address, 1, env, deadline, procs, [log])
+            _wait_for_nodes(address, 1, env, deadline, procs, [log], monitor_log)
             return address
         except RuntimeError:
             if attempt == HEAD_TRIES or _HEAD_TIMED_OUT not in log.read_text(errors="replace"):
@@ -285,7 +311,8 @@ def npu_ray_cluster(
     try:
         deadline = time.monotonic() + start_timeout
         head_args = [*node_args, f"--temp-dir={temp_dir}"]
-        address = _start_head(head_args, cluster_env, log, command_prefix, deadline, procs)
+        monitor_log = temp_dir / "session_latest" / "logs" / "monitor.log"
+        address = _start_head(head_args, cluster_env, log, command_prefix, deadline, procs, monitor_log)
         for index in range(1, nodes):
             # a temporary directory per node, as on separate hosts: sharing the head's, every node's log
             # monitor would forward every worker's output to the drivers (each line once per node)
@@ -297,8 +324,11 @@ def npu_ray_cluster(
                     command_prefix,
                 )
             )  # fmt: skip
-        # a cluster is handed over only once `ray status` lists all its nodes
-        _wait_for_nodes(address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs)
+        # a cluster is handed over only once `ray status` lists all its nodes (the head's start saw one)
+        if nodes > 1:
+            _wait_for_nodes(
+                address, nodes, cluster_env, deadline + 60 * (nodes - 1), procs, logs, monitor_log
+            )
         per_node = {"NPU": float(npus_per_node), "CPU": float(cpus_per_node)}
         yield RayCluster(
             address,
