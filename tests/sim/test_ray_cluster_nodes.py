@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,42 @@ def test_each_workers_output_reaches_the_driver_once_from_a_cluster_of_two_nodes
     assert "nodes 2" in output, output[-3000:]
     lines = [line for line in output.splitlines() if "actor line from node" in line]
     assert len(lines) == 2, output[-3000:]
+
+
+#: The head's monitor.log as Ray 2.60's autoscaler writes it (a real run's, trimmed): waiting, then two reports.
+MONITOR_LOG = """\
+2026-12-05 03:35:09,602	INFO monitor.py:408 -- Autoscaler has not yet received load metrics. Waiting.
+2026-12-05 03:35:15,644	INFO autoscaler.py:408 --
+======== Autoscaler status: 2026-12-05 03:35:15.644176 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_e22bb29eef8e9fd74c6651340b31a1ca18c87461152ed19331fb7fcc
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+2026-12-05 03:35:16,650	INFO autoscaler.py:408 --
+======== Autoscaler status: 2026-12-05 03:35:16.650001 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_e22bb29eef8e9fd74c6651340b31a1ca18c87461152ed19331fb7fcc
+ 1 node_0aa1c5f1d2e3b4a5968778695a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d
+Pending:
+ (no pending nodes)
+"""
+
+
+def test_the_cluster_reads_the_autoscalers_last_report_before_it_asks_ray_status(tmp_path: Path) -> None:
+    """npu_ray_cluster asks ``ray status`` (3 s of a core) only once the head's monitor.log lists the nodes."""
+    from npu_compat.testing._ray import _monitor_active
+
+    log = tmp_path / "monitor.log"
+    assert _monitor_active(log) is None  # no log yet
+    log.write_text(MONITOR_LOG.split("2026-12-05 03:35:15,644")[0])
+    assert _monitor_active(log) is None  # no report yet
+    log.write_text(MONITOR_LOG.split("2026-12-05 03:35:16,650")[0])
+    assert _monitor_active(log) == 1
+    log.write_text(MONITOR_LOG)
+    assert _monitor_active(log) == 2  # the last report counts
