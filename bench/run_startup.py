@@ -90,7 +90,7 @@ def one_round(index: int, scratch: Path, model: Path | None, svg: Path | None) -
         "floor": floor,
         "cluster": begin - first,
         "wall": time.time() - t0,
-        "lines": _floor.render(table, steps, begin, until, floor),
+        "lines": _floor.render(steps, begin, until, floor),
         "failed": sum(step.failed or 0 for step in steps),
         "modules": sum(len(step.modules) for step in steps),
     }

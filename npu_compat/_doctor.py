@@ -790,6 +790,6 @@ def floor_lines(reports: list[dict[str, object]], directory: str, until: float |
     if begin is None or until is None:
         print("\nfloor: no Ray driver in the reports, or nothing became ready")
         return
-    table, steps = _floor.plan(reports, directory, begin, until)
+    _, steps = _floor.plan(reports, directory, begin, until)
     length = _floor.replay(steps)
-    print("\n" + "\n".join(_floor.render(table, steps, begin, until, length)))
+    print("\n" + "\n".join(_floor.render(steps, begin, until, length)))

@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from . import _timeline
+from . import _env, _timeline
 
 #: Modules a floor child does not import again: npu-compat's own, and each interpreter's entry points.
 _SKIP_PREFIXES = ("npu_compat", "_npu_compat")
@@ -146,9 +146,9 @@ def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """A floor child's environment: this one without npu-compat's variables, so that nothing activates."""
     env = dict(os.environ if environ is None else environ)
     for name in list(env):
-        if name.startswith("NPU_COMPAT"):
+        if name.startswith(_env.PREFIX):
             del env[name]
-    env["NPU_COMPAT"] = "0"
+    env[_env.ENABLE] = "0"
     return env
 
 
@@ -225,9 +225,7 @@ def _name(row: _timeline.Row) -> str:
     return f"{row.pid} {row.actor or row.role} ({row.program})"
 
 
-def render(
-    table: list[_timeline.Row], steps: list[Step], begin: float, until: float, floor: float
-) -> list[str]:
+def render(steps: list[Step], begin: float, until: float, floor: float) -> list[str]:
     """The run's start-up against its floor, along the floor's critical path, as lines.
 
     For each process of the path: in the run, how long it started after the process above had
@@ -237,7 +235,6 @@ def render(
     process (or the run around it) spent on anything but these imports -- its own work, or waiting
     for another process.  The run's start-up is exactly the sum of its waits, its spans and the tail
     from the last one's point to ``until``."""
-    del table  # the rows are the steps'
     startup = until - begin
     if floor <= 0:
         return ["floor: nothing to replay"]

@@ -51,7 +51,7 @@ def test_the_floor_replays_each_processs_imports_in_the_runs_order(tmp_path: Pat
     found = _doctor.read_reports(str(reports))
     begin = _floor.run_begin(_timeline.rows(found, str(reports)))
     assert begin is not None
-    table, steps = _floor.plan(found, str(reports), begin, until)
+    _, steps = _floor.plan(found, str(reports), begin, until)
     assert [s.row.pid for s in steps] == [pids["pid"], pids["actor"]]  # type: ignore[index]
     driver, actor = steps
     for step, first, then in ((driver, "email.mime.text", "wave"), (actor, "xml.dom.minidom", "tabnanny")):
@@ -72,7 +72,7 @@ def test_the_floor_replays_each_processs_imports_in_the_runs_order(tmp_path: Pat
     assert driver.reached[waits_for] <= actor.started < driver.ended  # they overlap, as in the run
     assert floor == max(s.ended or 0.0 for s in steps) > 0
     assert _floor.floor_path(steps) == [(0, waits_for), (1, len(actor.modules))]
-    lines = _floor.render(table, steps, begin, until, floor)
+    lines = _floor.render(steps, begin, until, floor)
     assert lines[0].startswith(f"start-up {until - begin:.1f} s")
     assert f"ratio {(until - begin) / floor:.2f}x" in lines[0]
     assert "ray-driver (" in lines[3] and "ray-actor (" in lines[4], lines
