@@ -78,12 +78,14 @@ def _start_watcher() -> None:
     threading.Thread(target=_watch, name="npu-compat-report", daemon=True).start()
 
 
-def imports_path(directory: "str | None" = None, pid: "int | None" = None) -> "str | None":
-    """Where this process's (or ``pid``'s) import log goes: ``<host>-<pid>.imports.jsonl``."""
+def imports_path(
+    directory: "str | None" = None, pid: "int | None" = None, host: "str | None" = None
+) -> "str | None":
+    """Where this process's (or ``host``'s ``pid``'s) import log goes: ``<host>-<pid>.imports.jsonl``."""
     directory = directory or os.environ.get(_env.REPORT_DIR)
     if not directory:
         return None
-    return os.path.join(directory, f"{_host()}-{pid or os.getpid()}.imports.jsonl")
+    return os.path.join(directory, f"{host or _host()}-{pid or os.getpid()}.imports.jsonl")
 
 
 def _watch() -> None:

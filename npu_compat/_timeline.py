@@ -16,9 +16,10 @@ It is read from the times alone; the logs say why.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
+
+from . import _reportfile
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def read_imports(directory: str, host: str, pid: int) -> list[dict[str, object]]
     A line cut short by a kill ends the log."""
     lines: list[dict[str, object]] = []
     try:
-        with open(os.path.join(directory, f"{host}-{pid}.imports.jsonl"), encoding="utf-8") as f:
+        with open(str(_reportfile.imports_path(directory, pid, host)), encoding="utf-8") as f:
             for text in f:
                 try:
                     line = json.loads(text)
