@@ -77,7 +77,7 @@ def one_round(index: int, scratch: Path, model: Path | None, svg: Path | None) -
     table = _timeline.rows(reports, reports_dir)
     begin = _floor.run_begin(table)
     assert begin is not None, "no Ray driver in the reports"
-    table, steps = _floor.plan(reports, reports_dir, begin, until)
+    steps = _floor.plan(table, reports_dir, begin, until)
     floor = _floor.replay(steps)
     if svg is not None:
         svg.mkdir(parents=True, exist_ok=True)

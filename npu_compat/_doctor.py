@@ -38,6 +38,10 @@ from ._errors import ConfigError
 from ._spec import PatchSpec
 from ._versions import installed_version as _installed
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from . import _timeline
+
 OUT_OF_SCOPE = (
     "SGLang, Megatron and `trinity perf` (NVML) are out of scope: npu-compat does not patch them, "
     "and a run that uses them on Ascend is not covered"
@@ -764,25 +768,26 @@ def main(argv: list[str]) -> int:
         print(json.dumps(out, indent=2, default=str))
     else:
         print(render(d))
-    if args.timeline:
+    if args.timeline or args.floor:
         from . import _timeline
 
         table = _timeline.rows(d.sections.get("reports", []), args.reports)  # type: ignore[arg-type]
+    if args.timeline:
         if not args.json:
             print("\n" + "\n".join(_timeline.render_text(table)))
         if args.svg:
             with open(args.svg, "w", encoding="utf-8") as out_file:
                 out_file.write(_timeline.render_svg(table))
     if args.floor:
-        floor_lines(d.sections.get("reports", []), args.reports, args.until)  # type: ignore[arg-type]
+        floor_lines(table, args.reports, args.until)
     return 0 if d.ok else 1
 
 
-def floor_lines(reports: list[dict[str, object]], directory: str, until: float | None) -> None:
-    """Print the run's start-up against its floor (:mod:`._floor`), replayed here now."""
-    from . import _floor, _timeline
+def floor_lines(table: list[_timeline.Row], directory: str, until: float | None) -> None:
+    """Print the run's start-up against its floor (:mod:`._floor`), replayed here now, from the run's
+    rows (:func:`._timeline.rows` of the reports in ``directory``)."""
+    from . import _floor
 
-    table = _timeline.rows(reports, directory)
     begin = _floor.run_begin(table)
     if until is None:
         readies = [row.ready for row in table if row.ready is not None]
@@ -790,6 +795,6 @@ def floor_lines(reports: list[dict[str, object]], directory: str, until: float |
     if begin is None or until is None:
         print("\nfloor: no Ray driver in the reports, or nothing became ready")
         return
-    _, steps = _floor.plan(reports, directory, begin, until)
+    steps = _floor.plan(table, directory, begin, until)
     length = _floor.replay(steps)
     print("\n" + "\n".join(_floor.render(steps, begin, until, length)))

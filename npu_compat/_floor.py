@@ -105,12 +105,9 @@ def run_begin(table: list[_timeline.Row]) -> float | None:
     return min(drivers) if drivers else None
 
 
-def plan(
-    reports: list[dict[str, object]], directory: str, begin: float, until: float
-) -> tuple[list[_timeline.Row], list[Step]]:
-    """The run's rows, and a floor step for each process that started in ``[begin, until)``."""
-    table = _timeline.rows(reports, directory)
-    by_key = {(str(r.get("host") or "?"), r.get("pid")): r for r in reports}
+def plan(table: list[_timeline.Row], directory: str, begin: float, until: float) -> list[Step]:
+    """A floor step for each process of the run's rows (:func:`npu_compat._timeline.rows` of the
+    reports in ``directory``) that started in ``[begin, until)``."""
     steps: list[Step] = []
     for row in table:
         if row.start is None or not begin <= row.start < until:
@@ -130,8 +127,7 @@ def plan(
         first = lines[0] if lines else {}
         found = first.get("sys_path")
         sys_path = [str(entry) for entry in found] if isinstance(found, list) else sys.path
-        executable = str(by_key.get((row.host, row.pid), {}).get("executable") or sys.executable)
-        steps.append(Step(row, modules, times, list(sys_path), executable))
+        steps.append(Step(row, modules, times, list(sys_path), row.executable or sys.executable))
     for i, step in enumerate(steps):
         start = step.row.start
         assert start is not None
@@ -139,7 +135,7 @@ def plan(
             if j != i and other.row.start is not None and other.row.start < start:
                 step.after[j] = other.imported_by(start)
                 other.marks.add(step.after[j])
-    return table, steps
+    return steps
 
 
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:

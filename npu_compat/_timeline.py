@@ -42,6 +42,8 @@ class Row:
     modules: int = 0
     #: its Ray actor's class, where it is one
     actor: str | None = None
+    #: its interpreter (the report's ``sys.executable``)
+    executable: str | None = None
 
     @property
     def ready(self) -> float | None:
@@ -130,6 +132,7 @@ def rows(reports: list[dict[str, object]], directory: str | None = None) -> list
                 imported=imported,
                 modules=modules,
                 actor=_actor(r),
+                executable=str(r["executable"]) if r.get("executable") else None,
             )
         )
     return sorted(out, key=lambda row: (row.first if row.first is not None else float("inf"), row.pid))

@@ -49,9 +49,10 @@ def test_the_floor_replays_each_processs_imports_in_the_runs_order(tmp_path: Pat
     pids = last_json(py(DRIVER, env))
     until = time.time()
     found = _doctor.read_reports(str(reports))
-    begin = _floor.run_begin(_timeline.rows(found, str(reports)))
+    table = _timeline.rows(found, str(reports))
+    begin = _floor.run_begin(table)
     assert begin is not None
-    _, steps = _floor.plan(found, str(reports), begin, until)
+    steps = _floor.plan(table, str(reports), begin, until)
     assert [s.row.pid for s in steps] == [pids["pid"], pids["actor"]]  # type: ignore[index]
     driver, actor = steps
     for step, first, then in ((driver, "email.mime.text", "wave"), (actor, "xml.dom.minidom", "tabnanny")):
