@@ -182,6 +182,8 @@ def _trigger(via: str) -> None:
     if _can_wait():
         PENDING = via
         sys.meta_path = [_WAITING, *sys.meta_path]  # a new list: see npu_compat._activation.PostImportFinder
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_forked)
         return
     _start(via)
 
@@ -235,15 +237,19 @@ _LOCK = __import__("_thread").RLock()  # _thread is loaded before site runs
 _ADDED: "list[Any]" = []  # the meta-path finders that finishing the start installed
 
 
-def complete() -> None:
+def complete(wait: bool = True) -> None:
     """Finish a start that waits (:data:`PENDING`); no-op otherwise.
 
     Called by the waiting finder and by ``import npu_compat`` (so ``report()``, ``doctor`` and
     an explicit ``activate()`` see the start that auto-activation made).  Thread-safe: a second
-    importer waits until the first has finished it.
+    importer of a target package waits until the first has finished it.  ``import npu_compat``
+    does not wait (``wait=False``): a start under way in another thread is importing npu_compat
+    itself, and so waits for this very import to end.
     """
     global PENDING
-    with _LOCK:
+    if not _LOCK.acquire(wait):
+        return
+    try:
         via = PENDING
         if via is None:
             return
@@ -252,6 +258,13 @@ def complete() -> None:
         sys.meta_path = before
         _start(via)
         _ADDED[:] = [f for f in sys.meta_path if not any(f is b for b in before)]
+    finally:
+        _LOCK.release()
+
+
+def _forked() -> None:
+    global _LOCK
+    _LOCK = __import__("_thread").RLock()  # another thread may have held it at the fork
 
 
 def _forget_report() -> None:

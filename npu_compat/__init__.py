@@ -91,5 +91,5 @@ def activate(
 # explicit activate() then see the process as auto-activation left it.
 _start = sys.modules.get("_npu_compat_precheck")
 if _start is not None and getattr(_start, "PENDING", None) is not None:
-    _start.complete()
+    _start.complete(wait=False)  # a start under way in another thread is importing this package
 del _start

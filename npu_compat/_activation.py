@@ -10,6 +10,7 @@ Every byte here is unmarshalled by every activated process: keep it small.
 """
 
 import _thread
+import _weakref
 import os
 import sys
 
@@ -77,22 +78,43 @@ def _fire(module: "ModuleType") -> None:
     on_import(_state, module)
 
 
-#: Called (no arguments, under the state's lock) after ``activate()``, after ``deactivate()``
-#: and after every post-import hook that may have changed a patch's status.  The
-#: per-process report file (:mod:`._reportfile`) listens here.  A listener that raises
-#: is reported as a warning; it never breaks an import.
+#: Called (no arguments, never under the state's lock) after ``activate()``, after ``deactivate()``
+#: and after every post-import hook that may have changed a patch's status.  The per-process
+#: report file (:mod:`._reportfile`) listens here.  A listener that raises is reported as a
+#: warning; it never breaks an import.
 LISTENERS: "list[Callable[[], None]]" = []
 
 
+class _Strong:
+    """Holds a replacement that cannot be referenced weakly (an int, a tuple) while it is applied."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __call__(self) -> object:
+        return self.obj
+
+
 class _State:
+    """The process's activation.  ``lock`` is held only for short steps that import nothing and call
+    no one else's code (see :mod:`._apply`), so it is safe to take from any post-import hook."""
+
     def __init__(self) -> None:
         self.lock = _thread.RLock()
-        self.reset()
-        # id(new) -> (new, original); kept after deactivate so get_original() still answers.
-        self.originals: dict[int, tuple[object, object]] = {}
+        self.generation = 0
+        # id(new) -> (reference to new, original): weak where the replacement allows it, so that
+        # get_original() answers for a wrapper that outlives deactivate() (a copy nobody declared)
+        # and nothing is kept once the wrapper is gone.
+        self.originals: dict[int, tuple[Callable[[], object], object]] = {}
         self.summary_logged = False
+        # True in a forked child whose parent had records being applied by another thread
+        self.orphaned = False
+        self.reset()
 
     def reset(self) -> None:
+        self.generation += 1  # a commit prepared for an earlier activation is dropped
         self.active = False
         self.decision: Decision | None = None
         self.strict = False
@@ -103,9 +125,32 @@ class _State:
         self.finder: PostImportFinder | None = None
         self.warned_versions: set[tuple[str, str]] = set()
         # True while the patch list waits for the first import of a target package (or a
-        # report()); ``specs`` is what it will be (None: the built-in catalogue).
+        # report()); ``specs`` is what it will be (None: the built-in catalogue), and
+        # ``read_disable`` whether NPU_COMPAT_DISABLE is read then.
         self.pending = False
         self.specs: tuple[PatchSpec, ...] | None = None
+        self.read_disable = False
+
+    def remember(self, new: object, original: object) -> None:
+        """Note that ``new`` replaced ``original`` (for ``is_patched``/``get_original``)."""
+        key, originals = id(new), self.originals
+
+        def gone(ref: object) -> None:
+            entry = originals.get(key)
+            if entry is not None and entry[0] is ref:
+                del originals[key]
+
+        try:
+            ref: Callable[[], object] = _weakref.ref(new, gone)
+        except TypeError:
+            ref = _Strong(new)
+        originals[key] = (ref, original)
+
+    def forget_values(self) -> None:
+        """After undoing: drop what is held strongly (plain values); wrappers are held weakly."""
+        for key, (ref, _) in list(self.originals.items()):
+            if type(ref) is _Strong:
+                del self.originals[key]
 
     def notify(self) -> None:
         for listener in list(LISTENERS):
@@ -118,6 +163,32 @@ class _State:
 
 
 _state = _State()
+
+
+def _before_fork() -> None:
+    _state.lock.acquire()  # no commit is half done when the process forks
+
+
+def _after_fork_in_parent() -> None:
+    _state.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has one thread: a fresh lock, and the records that other threads of the parent were
+    applying are pending again (applied at the child's next post-import hook or ``report()``)."""
+    state = _state
+    state.lock = _thread.RLock()
+    me = _thread.get_ident()
+    for rec in state.records.values():
+        if rec.claimed is not None and rec.claimed != me:
+            rec.claimed = None
+            state.orphaned = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 
 
 def _can_wait(packages: "frozenset[str]") -> bool:
@@ -147,93 +218,114 @@ def activate(
     thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions).
     """
     state = _state
+    wait = True
+    chosen = None if specs is None else tuple(specs)
+    packages = CATALOG_PACKAGES
+    if chosen is not None:
+        from ._register import packages_of
+
+        packages = packages_of(chosen)
+    decision = decision or _env.decide(device)  # the package's activate() has often decided already
     with state.lock:
-        decision = decision or _env.decide(device)  # the package's activate() has often decided already
         if state.active:
             assert state.decision is not None
-            if decision.device != state.decision.device:
-                from ._errors import warn
-
-                warn(
-                    f"npu_compat: already active for {state.decision.device!r}; "
-                    f"call deactivate() before activating for {decision.device!r}"
+            active = state.decision.device
+        else:
+            active = None
+            state.decision = _env.LAST = decision
+            if decision.is_npu:
+                state.strict = (
+                    strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
                 )
-            return state.decision.device
-        state.decision = _env.LAST = decision
-        if not decision.is_npu:
-            return decision.device
-        state.strict = strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
-        problems = _env.value_problems(os.environ)
-        if problems:
-            from ._errors import warn
-
-            for problem in problems:
-                warn(f"npu_compat: {problem}")
-        try:
-            chosen = None if specs is None else tuple(specs)
-            packages = CATALOG_PACKAGES
-            if chosen is not None:
-                from ._register import packages_of
-
-                packages = packages_of(chosen)
-            state.finder = PostImportFinder((), packages)
-            if _can_wait(packages):
-                # the usual start: nothing of the patch list is read until a target package is imported
+                # The patch list is read at the first import of a target package (or report());
+                # at once when that cannot wait.
+                state.finder = PostImportFinder((), packages)
                 state.pending, state.specs = True, chosen
+                wait = _can_wait(packages)
+                state.read_disable = not wait
                 state.finder.install()
                 state.active = True
-            else:
-                from . import _register
+    if active is not None:
+        if decision.device != active:
+            from ._errors import warn
 
-                _register.activate(state, chosen)
-        finally:
-            if state.active:
-                if _env._get(os.environ, _env.REPORT_DIR):
-                    from . import _reportfile  # the per-process report file: it listens from now on
+            warn(
+                f"npu_compat: already active for {active!r}; "
+                f"call deactivate() before activating for {decision.device!r}"
+            )
+        return active
+    if not decision.is_npu:
+        return decision.device
+    for problem in _env.value_problems(os.environ):
+        from ._errors import warn
 
-                    _reportfile.attach()
-                state.notify()
-        return "npu"
+        warn(f"npu_compat: {problem}")
+    try:
+        if not wait:
+            from . import _register
+
+            _register.materialise(state)
+    finally:
+        if _env._get(os.environ, _env.REPORT_DIR):
+            from . import _reportfile  # the per-process report file: it listens from now on
+
+            _reportfile.attach()
+        state.notify()
+    return "npu"
 
 
 def deactivate() -> None:
     """Undo every change, in reverse order, and remove the hooks.  Safe to call when inactive."""
     state = _state
+    messages: list[str] = []
     with state.lock:
         if state.order:
-            from . import _undo
+            from . import _undo  # npu-compat's own module: nothing of anyone else's runs here
 
-            _undo.undo(state)
+            messages = _undo.undo(state)
         if state.finder is not None:
             state.finder.uninstall()
+        effects = sys.modules.get("npu_compat._effects")
+        if effects is not None:
+            effects.undo()
         state.reset()
+        state.forget_values()
         state.summary_logged = False
+        state.orphaned = False
         _env.LAST = None
-        state.notify()
+    if messages:
+        from ._errors import warn
+
+        for message in messages:
+            warn(message)
+    state.notify()  # the report file says so once more
+    reportfile = sys.modules.get("npu_compat._reportfile")
+    if reportfile is not None:
+        reportfile.detach()  # and its listener and watcher thread stop
 
 
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
     state = _state
+    if state.active and (state.pending or state.orphaned):
+        from . import _register
+
+        _register.materialise(state)
+    from . import _catalog, _report
+
     with state.lock:
-        if state.active and state.pending:
-            from . import _register
-
-            _register.materialise(state)
-        from . import _report
-
-        return _report.build(state)
+        return _report.build(state, _catalog.SPECS)
 
 
 def is_patched(obj: object) -> bool:
     """True if ``obj`` is a replacement npu-compat installed (and has not been dropped)."""
     entry = _state.originals.get(id(obj))
-    return entry is not None and entry[0] is obj
+    return entry is not None and entry[0]() is obj
 
 
 def get_original(obj: object) -> object:
     """The object ``obj`` replaced, if npu-compat installed it; otherwise ``obj`` itself."""
     entry = _state.originals.get(id(obj))
-    if entry is not None and entry[0] is obj:
+    if entry is not None and entry[0]() is obj:
         return entry[1]
     return obj

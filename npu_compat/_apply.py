@@ -3,13 +3,23 @@
 :func:`on_import` is the post-import callback (:mod:`._importhook` calls it, through the
 finder of :mod:`._activation`).  For each pending record of that module it checks the
 version gate (:mod:`._versions`) and the patch's condition, resolves the target,
-checks its signature against ``expects``, builds the replacement (a plain-function shim,
-a ``wrapt.FunctionWrapper`` or the patch's own factory), sets it, writes the change to the
-ledger (:mod:`._ledger`) and repoints the declared copies.  A problem is a ``skipped`` or
-``failed`` record with its reason -- and, in strict mode, a :class:`PatchError` -- never
-a broken import.  Everything here runs under the state's lock.
+checks its kind and its signature against ``expects``, builds the replacement (a
+plain-function shim, a ``wrapt.FunctionWrapper`` or the patch's own factory), sets it,
+writes the change to the ledger (:mod:`._ledger`) and repoints the declared copies.  A
+problem is a ``skipped`` or ``failed`` record with its reason -- and, in strict mode, a
+:class:`PatchError` -- never a broken import.
+
+Post-import hooks run inside other imports, in any thread, while that thread holds the
+module's import lock.  So the state's lock is held only for two short steps that import
+and call nothing: to *claim* a pending record (one thread applies it; another that meets it
+passes on) and to *commit* the outcome (set the attribute, write the ledger, repoint the
+copies).  Between them, without the lock, come the steps that may import or run other code:
+the version gate, the condition, resolving the target, loading the wrapper's module and
+building the replacement.  Logging, warnings and the listeners come after the commit.  A
+commit whose activation was undone meanwhile (``deactivate()``) is dropped.
 """
 
+import _thread
 import sys
 
 from . import _env
@@ -20,40 +30,49 @@ from ._versions import installed_version, version_in_range
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from types import ModuleType
 
     from ._activation import _State
+    from ._errors import PatchError
     from ._spec import PatchSpec
 
 
-def _skip(rec: "Record", reason: str, warn_user: bool = False) -> None:
-    rec.status = "skipped"
-    rec.reason = reason
-    log("debug", f"npu_compat: skipped {rec.spec.id}: {reason}")
-    if warn_user:
-        warn(f"npu_compat: skipped {rec.spec.id}: {reason}")
+class _Found:
+    """What the unlocked steps found for one record: the outcome to commit, and what to say after."""
+
+    __slots__ = ("status", "reason", "warn_user", "unsupported", "change")
+
+    def __init__(self, status: str, reason: str = "", warn_user: bool = False) -> None:
+        self.status = status
+        self.reason = reason
+        self.warn_user = warn_user
+        #: (distribution, version) that no patch of the list supports: warned about once per process
+        self.unsupported: "tuple[str, str] | None" = None
+        self.change: "Change | None" = None
 
 
-def _fail(state: "_State", rec: "Record", problem: str) -> None:
+def _failure(rec: "Record", problem: str) -> "_Found":
     spec = rec.spec
     where = f"{spec.distribution} {rec.installed}" if rec.installed else spec.distribution
-    rec.status = "failed"
-    rec.reason = (
+    return _Found(
+        "failed",
         f"{problem} (with {where}); this process runs without this patch. "
-        f"Upgrade npu-compat, or set {_env.DISABLE}={spec.id} to stand it down knowingly"
+        f"Upgrade npu-compat, or set {_env.DISABLE}={spec.id} to stand it down knowingly",
     )
-    message = f"npu_compat: patch {spec.id} failed: {rec.reason}"
-    log("debug", message)
-    if state.strict:
-        from ._errors import PatchError
-
-        raise PatchError(message)
-    warn(message)
 
 
-def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, object, bool]":
-    """Return ``(owner, name, original, had_own)`` or raise AttributeError with a clear message."""
+def _lookup(owner: type, name: str) -> "tuple[object, type | None]":
+    """The raw attribute ``name`` of class ``owner`` and the class of its MRO that defines it, as
+    attribute lookup finds it (the raw object keeps a staticmethod or classmethod what it is)."""
+    for klass in owner.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], klass
+    return getattr(owner, name, MISSING), None  # a metaclass's attribute, or none
+
+
+def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, object, bool, type | None]":
+    """``(owner, name, original, had_own, defining_class)``, or AttributeError with a clear message."""
     owner: object = module
     path = spec.attr_path
     for i, part in enumerate(path[:-1]):
@@ -64,16 +83,36 @@ def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, obj
                 f"expected {spec.module}:{'.'.join(path[: i + 1])} to exist, it does not"
             ) from None
     name = path[-1]
+    defining: type | None = None
     if isinstance(owner, type):
-        had_own = name in owner.__dict__
-        # the raw class attribute keeps staticmethod/classmethod descriptors intact
-        original = owner.__dict__[name] if had_own else getattr(owner, name, MISSING)
+        original, defining = _lookup(owner, name)
+        had_own = defining is owner
     else:
         had_own = True
         original = getattr(owner, name, MISSING)
     if original is MISSING:
         raise AttributeError(f"expected {spec.target} to exist, it does not")
-    return owner, name, original, had_own
+    return owner, name, original, had_own, defining
+
+
+def _kind_problem(spec: "PatchSpec", original: object, defining: "type | None") -> "str | None":
+    """Why a wrapper cannot stand in for ``original``, or None.  A wrapper keeps a function, method,
+    staticmethod, classmethod, builtin or class what it is; a data descriptor (a property, a slot)
+    or a plain value it cannot, so such a target is refused rather than broken."""
+    if spec.wrapper is None:
+        return None  # a replacement factory builds the whole object itself
+    kind = type(original)
+    where = f" defined on {defining.__module__}.{defining.__qualname__}" if defining is not None else ""
+    if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+        return (
+            f"{spec.target} is a {kind.__name__}{where}, a data descriptor that a wrapper cannot stand in "
+            "for: declare this patch with replacement= (a factory that builds the new descriptor)"
+        )
+    if not (callable(original) or isinstance(original, (staticmethod, classmethod))):
+        return (
+            f"{spec.target} is a {kind.__name__}{where}, not a callable: declare this patch with replacement="
+        )
+    return None
 
 
 def _check_expects(spec: "PatchSpec", original: object) -> "str | None":
@@ -143,89 +182,158 @@ def _function_shim(
     return shim
 
 
-def _set(owner: object, name: str, value: object) -> None:
-    setattr(owner, name, value)
+def _own(owner: object, name: str) -> object:
+    """What ``owner`` itself holds under ``name`` (MISSING if nothing): a class's or a module's own
+    dict, never a lookup that could run a module's ``__getattr__`` (and import) under the lock."""
+    held = getattr(owner, "__dict__", None)
+    if isinstance(owner, type) or type(held) is dict:
+        return owner.__dict__.get(name, MISSING)
+    return getattr(owner, name, MISSING)
 
 
-def apply(state: "_State", rec: "Record", module: "ModuleType") -> None:
-    """Apply one pending patch to its just-imported ``module``, or say why not."""
-    if rec.status != "pending":
-        return
+def _prepare(state: "_State", rec: "Record", module: "ModuleType", records: "Iterable[Record]") -> "_Found":
+    """The unlocked steps for one claimed record: may import and run other code."""
     spec = rec.spec
     rec.installed = installed_version(spec.distribution)
     if rec.installed is None:
-        _skip(
-            rec,
+        return _Found(
+            "skipped",
             f"{spec.module} is imported but distribution {spec.distribution!r} has no installed "
             f"metadata, so its version cannot be checked against {spec.versions!r}",
             warn_user=True,
         )
-        return
     if not version_in_range(rec.installed, spec.versions):
         # A patch set split by version (0.5.2 / 0.6.0 layouts) leaves the other layout's specs out of
         # range: that is expected.  Only a version that no spec of this distribution supports means
         # upstream moved on; that is warned about once per distribution.
-        ranges = sorted(
-            {r.spec.versions for r in state.records.values() if r.spec.distribution == spec.distribution}
-        )
+        ranges = sorted({r.spec.versions for r in records if r.spec.distribution == spec.distribution})
         covered = any(version_in_range(rec.installed, v) for v in ranges)
-        first = not covered and (spec.distribution, rec.installed) not in state.warned_versions
-        if first:
-            state.warned_versions.add((spec.distribution, rec.installed))
-        _skip(
-            rec,
+        found = _Found(
+            "skipped",
             f"{spec.distribution} {rec.installed} is outside {spec.versions!r}"
             + (
                 ""
                 if covered
                 else f"; no npu-compat patch supports this version ({', '.join(map(repr, ranges))})"
             ),
-            warn_user=first,
         )
-        return
+        if not covered:
+            found.unsupported = (spec.distribution, rec.installed)
+        return found
     if spec.condition is not None:
         from ._spec import load
 
         try:
             why_not = load(spec.condition)()  # type: ignore[operator]
         except Exception as exc:  # noqa: BLE001 - a broken condition is a failed patch, not a broken import
-            _fail(state, rec, f"its condition {spec.condition} raised {type(exc).__name__}: {exc}")
-            return
+            return _failure(rec, f"its condition {spec.condition} raised {type(exc).__name__}: {exc}")
         if why_not:
-            _skip(rec, str(why_not))
-            return
+            return _Found("skipped", str(why_not))
     try:
-        owner, name, original, had_own = _resolve(module, spec)
+        owner, name, original, had_own, defining = _resolve(module, spec)
     except AttributeError as exc:
-        _fail(state, rec, f"upstream changed shape: {exc}")
-        return
+        return _failure(rec, f"upstream changed shape: {exc}")
+    problem = _kind_problem(spec, original, defining)
+    if problem:
+        return _failure(rec, f"the target cannot be wrapped: {problem}")
     problem = _check_expects(spec, original)
     if problem:
-        _fail(state, rec, f"upstream changed shape: {problem}")
-        return
+        return _failure(rec, f"upstream changed shape: {problem}")
     try:
         new = build(rec, original, method=isinstance(owner, type))
     except Exception as exc:  # noqa: BLE001
-        _fail(state, rec, f"building the replacement raised {type(exc).__name__}: {exc}")
-        return
-    rec.original, rec.new, rec.live = original, new, True
-    rec.changes.append(Change(owner, name, original, new, had_own))
-    state.originals[id(new)] = (new, original)
-    _set(owner, name, new)
-    rec.status = "applied"
-    rec.reason = ""
-    state.order.append(rec)
-    for copy_module, copy_name in spec.copy_places():
-        mod = sys.modules.get(copy_module)
-        if mod is not None:
-            _repoint(rec, mod, copy_name)
-    log("debug", f"npu_compat: applied {spec.id} to {spec.target} ({spec.distribution} {rec.installed})")
+        return _failure(rec, f"building the replacement raised {type(exc).__name__}: {exc}")
+    found = _Found("applied")
+    found.change = Change(owner, name, original, new, had_own)
+    return found
+
+
+def _commit(state: "_State", rec: "Record", found: "_Found") -> "_Found":
+    """Under the lock: record the outcome; for ``applied``, set the attribute and repoint the copies.
+    Imports nothing and calls no code of anyone else's but ``setattr``."""
+    change = found.change
+    if change is not None:
+        owner, name = change.owner, change.name
+        current = _own(owner, name)
+        if current is not (change.original if change.had_own else MISSING):
+            found = _failure(
+                rec, f"{rec.spec.target} was replaced by someone else while it was being patched"
+            )
+        else:
+            rec.original, rec.new, rec.live = change.original, change.new, True
+            rec.changes.append(change)  # in the ledger before anything can observe it
+            state.remember(change.new, change.original)
+            setattr(owner, name, change.new)
+            state.order.append(rec)
+            for copy_module, copy_name in rec.spec.copy_places():
+                mod = sys.modules.get(copy_module)
+                if mod is not None:
+                    _repoint(rec, mod, copy_name)
+            found.reason = ""
+    if found.unsupported is not None and found.unsupported not in state.warned_versions:
+        state.warned_versions.add(found.unsupported)
+        found.warn_user = True
+    rec.status, rec.reason = found.status, found.reason
+    return found
+
+
+def _announce(state: "_State", rec: "Record", found: "_Found") -> "PatchError | None":
+    """After the commit, without the lock: the log line, the warning, and in strict mode the error."""
+    spec = rec.spec
+    if found.status == "applied":
+        log("debug", f"npu_compat: applied {spec.id} to {spec.target} ({spec.distribution} {rec.installed})")
+        return None
+    if found.status == "skipped":
+        log("debug", f"npu_compat: skipped {spec.id}: {found.reason}")
+        if found.warn_user:
+            warn(f"npu_compat: skipped {spec.id}: {found.reason}")
+        return None
+    message = f"npu_compat: patch {spec.id} failed: {found.reason}"
+    log("debug", message)
+    if state.strict:
+        from ._errors import PatchError
+
+        return PatchError(message)
+    warn(message)
+    return None
+
+
+def apply(
+    state: "_State", rec: "Record", module: "ModuleType", generation: int, records: "Iterable[Record]"
+) -> None:
+    """Apply one record this thread has claimed (see :func:`claim`) to its just-imported ``module``,
+    or say why not; raises :class:`PatchError` in strict mode once the outcome is recorded."""
+    try:
+        found = _prepare(state, rec, module, records)
+    except BaseException:
+        with state.lock:
+            rec.claimed = None  # pending again: the next import or report() tries it again
+        raise
+    with state.lock:
+        rec.claimed = None
+        if state.generation != generation:
+            return  # deactivate() ran meanwhile: this record, and what was built for it, are gone
+        found = _commit(state, rec, found)
+    error = _announce(state, rec, found)
+    if error is not None:
+        raise error
+
+
+def claim(state: "_State", records: "Iterable[Record]") -> "list[Record]":
+    """Under the lock: the pending records no other thread is applying, now this thread's."""
+    me = _thread.get_ident()
+    mine = []
+    for rec in records:
+        if rec.status == "pending" and rec.claimed is None:
+            rec.claimed = me
+            mine.append(rec)
+    return mine
 
 
 def _repoint(rec: "Record", module: "ModuleType", name: str) -> None:
-    current = getattr(module, name, MISSING)
+    current = module.__dict__.get(name, MISSING)
     if current is rec.original:
-        _set(module, name, rec.new)
+        setattr(module, name, rec.new)
     elif current is not rec.new:
         return  # bound to something else; not a copy of ours
     if not any(c.owner is module and c.name == name for c in rec.changes):
@@ -235,25 +343,61 @@ def _repoint(rec: "Record", module: "ModuleType", name: str) -> None:
 def on_import(state: "_State", module: "ModuleType") -> None:
     """The post-import hook.  Never lets an error of ours break the user's import (unless strict)."""
     try:
-        with state.lock:
-            if not state.active:
-                return
-            name = module.__name__
-            try:
-                for rec in state.by_module.get(name, ()):
-                    apply(state, rec, module)
-                for rec in state.by_copy.get(name, ()):
-                    if rec.status == "applied":
-                        for copy_module, copy_name in rec.spec.copy_places():
-                            if copy_module == name:
-                                _repoint(rec, module, copy_name)
-                maybe_log_summary(state, force=True)
-            finally:
-                if name in state.by_module:
-                    state.notify()
+        _on_import(state, module)
     except Exception as exc:
         from ._errors import PatchError
 
         if isinstance(exc, PatchError):
             raise
         warn(f"npu_compat: internal error while patching {module.__name__}: {type(exc).__name__}: {exc}")
+
+
+def _on_import(state: "_State", module: "ModuleType") -> None:
+    name = module.__name__
+    if state.orphaned:  # a forked child: records another thread of the parent was applying
+        state.orphaned = False
+        apply_imported(state)
+    with state.lock:
+        if not state.active:
+            return
+        generation, records = state.generation, state.records
+        mine = claim(state, state.by_module.get(name, ()))
+        copies = state.by_copy.get(name, ())
+        watched = name in state.by_module
+    errors = []
+    every = list(records.values()) if mine else []
+    for rec in mine:
+        try:
+            apply(state, rec, module, generation, every)
+        except Exception as exc:  # every claimed record is settled before strict mode raises
+            from ._errors import PatchError
+
+            if not isinstance(exc, PatchError):
+                raise
+            errors.append(exc)
+    if copies:
+        with state.lock:
+            if state.generation == generation:
+                for rec in copies:
+                    if rec.status == "applied":
+                        for copy_module, copy_name in rec.spec.copy_places():
+                            if copy_module == name:
+                                _repoint(rec, module, copy_name)
+    maybe_log_summary(state, force=True)
+    if watched:
+        state.notify()
+    if errors:
+        raise errors[0]
+
+
+def _is_initialised(module: "ModuleType") -> bool:
+    spec = getattr(module, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
+def apply_imported(state: "_State") -> None:
+    """Patch the targets (and repoint the copies) that are already imported."""
+    for name in [*state.by_module, *state.by_copy]:
+        module = sys.modules.get(name)
+        if module is not None and _is_initialised(module):
+            on_import(state, module)

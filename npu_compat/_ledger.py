@@ -37,10 +37,11 @@ class Record:
 
     The first change is the target itself; the rest are the copies repointed.  ``live``
     is False once the patch is undone: a wrapper left where nobody declared it then calls
-    straight through.
+    straight through.  ``claimed`` is the thread applying a pending record right now (see
+    :mod:`._apply`), else None.
     """
 
-    __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original")
+    __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original", "claimed")
 
     def __init__(self, spec: "PatchSpec") -> None:
         self.spec = spec
@@ -51,6 +52,7 @@ class Record:
         self.live = False
         self.new: object = MISSING
         self.original: object = MISSING
+        self.claimed: int | None = None
 
     def is_live(self) -> bool:
         return self.live

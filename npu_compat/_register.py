@@ -4,16 +4,15 @@ The patch list is the catalogue (:mod:`._catalog`), or the specs given to ``acti
 :func:`register` makes one record per spec (``skipped`` when ``NPU_COMPAT_DISABLE`` names
 it), indexed by the module it patches and by the modules holding its copies; the
 activation's finder is then told to watch those modules, and targets already imported are
-patched at once (:func:`apply_imported`).  An activation that waits for the first import
-of a target package (:mod:`._activation`) is finished here: :func:`first_import`, before
-that package runs, or the first ``report()``.
+patched at once (:func:`._apply.apply_imported`).  An activation reads it here: at once when it cannot
+wait, else at the first import of a target package (:func:`first_import`, before that
+package runs) or the first ``report()``.
 """
 
 import os
-import sys
 
 from . import _env
-from ._apply import on_import
+from ._apply import apply_imported
 from ._errors import warn
 from ._ledger import Record
 from ._report import maybe_log_summary
@@ -21,7 +20,6 @@ from ._report import maybe_log_summary
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from types import ModuleType
 
     from ._activation import _State
     from ._spec import PatchSpec
@@ -62,23 +60,6 @@ def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
     return wanted & known
 
 
-def activate(state: "_State", specs: "Sequence[PatchSpec] | None") -> None:
-    """Finish an activation that cannot wait: the records made now (``NPU_COMPAT_DISABLE``
-    read and checked), their modules watched by ``state.finder``, which is then installed,
-    and the targets already imported patched."""
-    register(state, catalog() if specs is None else specs)
-    finder = state.finder
-    assert finder is not None
-    finder.names = frozenset([*state.by_module, *state.by_copy])
-    finder.packages = frozenset()
-    finder.install()
-    state.active = True
-    try:
-        apply_imported(state)
-    finally:
-        maybe_log_summary(state)
-
-
 def register(state: "_State", specs: "Sequence[PatchSpec]", disabled: "set[str] | None" = None) -> None:
     """One pending record per spec (or skipped, when disabled), indexed by module and copy place.
 
@@ -97,40 +78,43 @@ def register(state: "_State", specs: "Sequence[PatchSpec]", disabled: "set[str] 
             state.by_copy.setdefault(copy_module, []).append(rec)
 
 
-def _is_initialised(module: "ModuleType") -> bool:
-    spec = getattr(module, "__spec__", None)
-    return not getattr(spec, "_initializing", False)
-
-
-def apply_imported(state: "_State") -> None:
-    """Patch the targets (and repoint the copies) that are already imported."""
-    for name in [*state.by_module, *state.by_copy]:
-        module = sys.modules.get(name)
-        if module is not None and _is_initialised(module):
-            on_import(state, module)
-
-
 def materialise(state: "_State") -> None:
-    """Read the patch list an activation left waiting, watch its modules, patch what is imported."""
-    if not state.pending:
+    """Read the patch list an activation left waiting, watch its modules, patch what is imported.
+
+    The list is loaded (and ``NPU_COMPAT_DISABLE`` read) without the state's lock, and registered
+    under it; another thread that finds the list already read passes on.  In a forked child it also
+    resumes the records that another thread of the parent was applying."""
+    with state.lock:
+        pending, generation, specs = state.pending, state.generation, state.specs
+        read_disable = state.read_disable
+    if not pending:
+        if state.orphaned:
+            state.orphaned = False
+            apply_imported(state)
         return
-    state.pending = False
-    specs, state.specs = state.specs, None
+    specs = catalog() if specs is None else specs
     # an activation waits only while NPU_COMPAT_DISABLE is unset: what it named then is nothing
-    register(state, catalog() if specs is None else specs, disabled=set())
-    finder = state.finder
-    assert finder is not None
-    finder.names = frozenset([*state.by_module, *state.by_copy])
-    finder.packages = frozenset()  # after the names: a racing find_spec sees one or the other
-    apply_imported(state)
+    disabled = _disabled_ids(specs) if read_disable else set()
+    with state.lock:
+        if not state.pending or state.generation != generation:
+            return
+        state.pending, state.specs = False, None
+        register(state, specs, disabled)
+        finder = state.finder
+        assert finder is not None
+        finder.names = frozenset([*state.by_module, *state.by_copy])
+        finder.packages = frozenset()  # after the names: a racing find_spec sees one or the other
+    try:
+        apply_imported(state)
+    finally:
+        maybe_log_summary(state)
 
 
 def first_import(state: "_State") -> None:
     """The first import of a target package is under way (called from the finder, before it runs)."""
     try:
-        with state.lock:
-            if state.active:
-                materialise(state)
+        if state.active:
+            materialise(state)
     except Exception as exc:
         from ._errors import PatchError
 

@@ -17,7 +17,10 @@ from ._ledger import STATUSES, Record
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._activation import _State
+    from ._spec import PatchSpec
 
 
 class Report(list):  # type: ignore[type-arg]
@@ -47,8 +50,9 @@ def row(rec: "Record") -> "dict[str, object]":
     }
 
 
-def build(state: "_State") -> "Report":
-    """The report of ``state`` (called under its lock, once a waiting patch list has been read)."""
+def build(state: "_State", catalog: "Sequence[PatchSpec]") -> "Report":
+    """The report of ``state`` (called under its lock, once a waiting patch list has been read); where
+    npu-compat is not active, ``catalog``'s patches, each ``skipped`` with the reason."""
     out = Report()
     if state.active:
         assert state.decision is not None
@@ -64,9 +68,7 @@ def build(state: "_State") -> "Report":
             f"device decision is {decision.device!r} ({decision.source}): npu-compat patches nothing here"
         )
         out.decision = decision.as_dict()
-    from ._catalog import SPECS
-
-    for spec in SPECS:
+    for spec in catalog:
         rec = Record(spec)
         rec.status, rec.reason = "skipped", reason
         out.append(row(rec))
@@ -95,7 +97,14 @@ def _summary(state: "_State") -> str:
 
 def maybe_log_summary(state: "_State", force: bool = False) -> None:
     """Log the summary once: when forced (a target was imported), or when logging is loaded."""
-    if state.summary_logged or state.pending or not (force or "logging" in sys.modules):
-        return
-    state.summary_logged = True
-    log("info", _summary(state))
+    with state.lock:
+        if (
+            state.summary_logged
+            or state.pending
+            or not state.active
+            or not (force or "logging" in sys.modules)
+        ):
+            return
+        state.summary_logged = True
+        text = _summary(state)
+    log("info", text)  # without the lock: logging's handlers are anyone's code

@@ -39,13 +39,23 @@ SECTIONS: "dict[str, Callable[[], object]]" = {}
 #: How often the watcher thread looks for new imports and changed sections, in seconds.
 WATCH_EVERY_S = 0.5
 _watching: "list[int]" = []  # the PID whose watcher thread runs (a forked child starts its own)
+_watcher: "list[object]" = []  # that thread, to be joined when the process stops reporting
 _import_log_lock = _thread.allocate_lock()  # forget() never races the watcher's append
+#: Held while the watcher runs; released to wake it from its sleep at once (detach(), forget()).
+_sleep = _thread.allocate_lock()
+#: One writer at a time; a write asked for meanwhile is made by that writer (see write()).
+_write_lock = _thread.allocate_lock()
+_dirty = False
 
 
 def _forked() -> None:
     """A forked child is a process of its own: its start is read anew, and it was active from it."""
-    global _import_log_lock
-    _import_log_lock = _thread.allocate_lock()  # the parent's watcher may have held it at the fork
+    global _import_log_lock, _write_lock, _sleep
+    # another thread of the parent (its watcher, a writer) may have held these at the fork
+    _import_log_lock = _thread.allocate_lock()
+    _write_lock = _thread.allocate_lock()
+    _sleep = _thread.allocate_lock()
+    _watcher.clear()
     _started.clear()
     _times.clear()
     if _attached:
@@ -69,13 +79,52 @@ def attach() -> None:
     _start_watcher()
 
 
+def detach() -> None:
+    """Write the report a last time, then stop: the listener removed, the watcher thread ended and
+    joined (``deactivate()``; a later ``activate()`` attaches again).  The files stay."""
+    global _attached
+    if not _attached:
+        return
+    _stop_watcher()
+    if _write_lock.acquire(timeout=5):  # the last word is this one, whoever else was writing
+        try:
+            _write_now()
+        finally:
+            _write_lock.release()
+    _attached = False
+    activation = sys.modules.get("npu_compat._activation")
+    if activation is not None and write in activation.LISTENERS:
+        activation.LISTENERS.remove(write)
+
+
 def _start_watcher() -> None:
     if path() is None or (_watching and _watching[0] == os.getpid()):
         return
     _watching[:] = [os.getpid()]
     import threading
 
-    threading.Thread(target=_watch, name="npu-compat-report", daemon=True).start()
+    if not _sleep.locked():
+        _sleep.acquire()
+    thread = threading.Thread(target=_watch, name="npu-compat-report", daemon=True)
+    _watcher[:] = [thread]
+    thread.start()
+
+
+def _stop_watcher() -> None:
+    """End the watcher thread (and wait for it, unless this is it)."""
+    with _import_log_lock:
+        _watching.clear()
+    if _sleep.locked():
+        _sleep.release()  # wakes it now rather than at the end of its sleep
+    for thread in list(_watcher):
+        if thread is not _current_thread():
+            thread.join(5)  # type: ignore[attr-defined]
+    _watcher.clear()
+
+
+def _current_thread() -> object:
+    threading = sys.modules.get("threading")
+    return threading.current_thread() if threading is not None else None
 
 
 def imports_path(
@@ -92,7 +141,6 @@ def _watch() -> None:
     """The watcher thread: appends the modules new since its last look to the import log, and
     rewrites the report when a section changed; until the process stops reporting (:func:`forget`)."""
     import json
-    import time
 
     pid = os.getpid()
     seen: set[str] = set()
@@ -119,7 +167,9 @@ def _watch() -> None:
             if now != sections:
                 sections = now
                 write()
-        time.sleep(WATCH_EVERY_S)
+        if _sleep.acquire(timeout=WATCH_EVERY_S):  # released: stop now
+            _sleep.release()
+            break
 
 
 def set_activated_by(via: str) -> None:
@@ -150,9 +200,8 @@ def forget() -> None:
     another program, which starts its own)."""
     global _attached, _last
     target, imports = path(), imports_path()
-    with _import_log_lock:
-        _attached = False
-        _watching.clear()
+    _attached = False
+    _stop_watcher()
     _last = None
     activation = sys.modules.get("npu_compat._activation")
     if activation is not None and write in activation.LISTENERS:
@@ -173,7 +222,25 @@ def path(directory: str | None = None) -> "str | None":
 
 
 def write() -> None:
-    """Rewrite the report if anything in it changed.  Never raises; a failure is warned about once."""
+    """Rewrite the report if anything in it changed.  Never raises; a failure is warned about once.
+
+    Never waits: while another thread writes, this one leaves its request behind, and that writer
+    writes again once it is done -- so the last report written is never older than the last change,
+    and no post-import hook waits on a writer (whose report() may be importing)."""
+    global _dirty
+    _dirty = True
+    while _dirty:
+        if not _write_lock.acquire(False):
+            return  # the writer in progress sees _dirty when it is done
+        try:
+            while _dirty:
+                _dirty = False
+                _write_now()
+        finally:
+            _write_lock.release()
+
+
+def _write_now() -> None:
     global _last, _failed
     target = path()
     if target is None or not _attached:

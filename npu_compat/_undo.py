@@ -1,13 +1,13 @@
 """Undoing: every change in the ledger restored, last first.
 
-Called by ``deactivate()`` (:mod:`._activation`), which then removes the finder and
-resets the state.  A record is no longer live from the moment it is undone, so a wrapper
-that survives where nobody declared it (a later ``from x import f``) calls straight
-through; an attribute that someone replaced again after npu-compat patched it is left as
-it is, with a warning.
+Called by ``deactivate()`` (:mod:`._activation`) under the state's lock, which then removes
+the finder and resets the state.  A record is no longer live from the moment it is undone,
+so a wrapper that survives where nobody declared it (a later ``from x import f``) calls
+straight through; an attribute that someone replaced again after npu-compat patched it is
+left as it is, with a warning -- returned, and given once the lock is released.  An
+inherited target is deleted from the subclass again, so that it inherits the original.
 """
 
-from ._errors import warn
 from ._ledger import MISSING
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
@@ -16,27 +16,32 @@ if TYPE_CHECKING:
     from ._ledger import Change
 
 
-def undo(state: "_State") -> None:
-    """Restore every change, in reverse order."""
+def undo(state: "_State") -> "list[str]":
+    """Restore every change, in reverse order; the warnings to give."""
+    messages = []
     for rec in reversed(state.order):
         rec.live = False
         for change in reversed(rec.changes):
-            _restore(change)
+            message = _restore(change)
+            if message:
+                messages.append(message)
+    return messages
 
 
-def _restore(change: "Change") -> None:
+def _restore(change: "Change") -> "str | None":
     owner, name = change.owner, change.name
-    if isinstance(owner, type):
-        current = owner.__dict__.get(name, MISSING)
+    held = getattr(owner, "__dict__", None)
+    if isinstance(owner, type) or type(held) is dict:
+        current = owner.__dict__.get(name, MISSING)  # no lookup that could run a module's __getattr__
     else:
         current = getattr(owner, name, MISSING)
     if current is not change.new:
-        warn(
+        return (
             f"npu_compat: {getattr(owner, '__name__', owner)}.{name} was replaced again after "
             "npu-compat patched it; left as it is"
         )
-        return
     if change.had_own:
         setattr(owner, name, change.original)
     else:
-        delattr(owner, name)
+        delattr(owner, name)  # inherited again
+    return None

@@ -21,6 +21,8 @@ import logging
 import sys
 from typing import Any
 
+from .. import _effects
+
 logger = logging.getLogger(__name__)
 
 _GPU, _NPU = "GPU", "NPU"
@@ -87,18 +89,19 @@ def bundles_in_place(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
 
 # -- the guard --------------------------------------------------------------------------------
 
-_cluster_has_gpu: bool | None = None
+#: The answer to "does the cluster have GPUs", asked once per activation (``deactivate()`` forgets it).
+_HAS_GPU = "ray_resources.cluster_has_gpu"
 
 
 def _no_gpu_in_cluster() -> bool:
-    global _cluster_has_gpu
-    if _cluster_has_gpu is None:
+    has_gpu = _effects.recall(_HAS_GPU)
+    if has_gpu is None:
         import ray
 
         if not ray.is_initialized():
             return False
-        _cluster_has_gpu = bool(ray.cluster_resources().get(_GPU, 0))
-    return not _cluster_has_gpu
+        has_gpu = _effects.remember(_HAS_GPU, bool(ray.cluster_resources().get(_GPU, 0)))
+    return not has_gpu
 
 
 def _caller() -> str:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import _env
+from .. import _effects, _env
 
 #: torch_npu's allocator settings (torch's ``PYTORCH_CUDA_ALLOC_CONF`` is not read on Ascend).
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
@@ -65,7 +65,7 @@ def ascend_visible_devices(wrapped: Any, instance: Any, args: tuple[Any, ...], k
     devices = getattr(config, "cuda_visible_devices", None)
     if not devices:
         return wrapped(*args, **kwargs)
-    os.environ[_env.ASCEND_VISIBLE_DEVICES] = devices
+    _effects.setenv(_env.ASCEND_VISIBLE_DEVICES, devices)  # deactivate() restores it
     config.cuda_visible_devices = None
     try:
         return wrapped(*args, **kwargs)

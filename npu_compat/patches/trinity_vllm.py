@@ -19,11 +19,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
-from .. import _env
+from .. import _effects, _env
 
 
 def npu_worker_class(original: Any) -> Any:
@@ -108,8 +107,9 @@ def weights_not_nz(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: d
 
     Set in the actor's environment before the engine exists, so its EngineCore and worker
     processes inherit it -- where verl's vLLM rollout sets it too; a value already set is kept.
+    ``deactivate()`` unsets it again.
     """
-    os.environ.setdefault(_env.VLLM_ASCEND_ENABLE_NZ, "0")
+    _effects.setenv(_env.VLLM_ASCEND_ENABLE_NZ, "0", keep=True)
     return wrapped(*args, **kwargs)
 
 
