@@ -68,8 +68,9 @@ class PostImportFinder:
             sys.meta_path = [self, *sys.meta_path]
 
     def uninstall(self) -> None:
-        while self in sys.meta_path:
-            sys.meta_path.remove(self)
+        if self in sys.meta_path:
+            # a new list, never a removal: another thread's import may be iterating the old one
+            sys.meta_path = [f for f in sys.meta_path if f is not self]
 
 
 def _fire(module: "ModuleType") -> None:
@@ -109,8 +110,9 @@ class _State:
         # and nothing is kept once the wrapper is gone.
         self.originals: dict[int, tuple[Callable[[], object], object]] = {}
         self.summary_logged = False
-        # True in a forked child whose parent had records being applied by another thread
-        self.orphaned = False
+        # True while a target is imported but unpatched: it was still being imported when the
+        # patch list was read, or (in a forked child) another thread of the parent was applying it
+        self.unsettled = False
         self.reset()
 
     def reset(self) -> None:
@@ -148,9 +150,11 @@ class _State:
 
     def forget_values(self) -> None:
         """After undoing: drop what is held strongly (plain values); wrappers are held weakly."""
-        for key, (ref, _) in list(self.originals.items()):
+        # a copy first (one step in C): a collection during the loop runs the weak references'
+        # callbacks, which remove entries
+        for key, (ref, _) in self.originals.copy().items():
             if type(ref) is _Strong:
-                del self.originals[key]
+                self.originals.pop(key, None)
 
     def notify(self) -> None:
         for listener in list(LISTENERS):
@@ -182,7 +186,7 @@ def _after_fork_in_child() -> None:
     for rec in state.records.values():
         if rec.claimed is not None and rec.claimed != me:
             rec.claimed = None
-            state.orphaned = True
+            state.unsettled = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -246,6 +250,10 @@ def activate(
                 state.finder.install()
                 state.active = True
     if active is not None:
+        if state.unsettled:
+            from ._apply import settle
+
+            settle(state)
         if decision.device != active:
             from ._errors import warn
 
@@ -291,7 +299,7 @@ def deactivate() -> None:
         state.reset()
         state.forget_values()
         state.summary_logged = False
-        state.orphaned = False
+        state.unsettled = False
         _env.LAST = None
     if messages:
         from ._errors import warn
@@ -307,7 +315,7 @@ def deactivate() -> None:
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
     state = _state
-    if state.active and (state.pending or state.orphaned):
+    if state.active and (state.pending or state.unsettled):  # the patch list read, or what is left applied
         from . import _register
 
         _register.materialise(state)

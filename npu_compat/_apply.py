@@ -340,9 +340,12 @@ def _repoint(rec: "Record", module: "ModuleType", name: str) -> None:
         rec.changes.append(Change(module, name, rec.original, rec.new, True))
 
 
-def on_import(state: "_State", module: "ModuleType") -> None:
-    """The post-import hook.  Never lets an error of ours break the user's import (unless strict)."""
+def on_import(state: "_State", module: "ModuleType", settling: bool = True) -> None:
+    """The post-import hook (``settling``: first apply what :func:`settle` has waiting).  Never lets
+    an error of ours break the user's import (unless strict)."""
     try:
+        if settling:
+            settle(state)
         _on_import(state, module)
     except Exception as exc:
         from ._errors import PatchError
@@ -354,9 +357,6 @@ def on_import(state: "_State", module: "ModuleType") -> None:
 
 def _on_import(state: "_State", module: "ModuleType") -> None:
     name = module.__name__
-    if state.orphaned:  # a forked child: records another thread of the parent was applying
-        state.orphaned = False
-        apply_imported(state)
     with state.lock:
         if not state.active:
             return
@@ -396,8 +396,21 @@ def _is_initialised(module: "ModuleType") -> bool:
 
 
 def apply_imported(state: "_State") -> None:
-    """Patch the targets (and repoint the copies) that are already imported."""
+    """Patch the targets (and repoint the copies) that are already imported.  A module still being
+    imported (by another thread, or further up this one's stack) cannot be patched yet and no hook
+    will fire for it: it is left to :func:`settle`."""
     for name in [*state.by_module, *state.by_copy]:
         module = sys.modules.get(name)
-        if module is not None and _is_initialised(module):
-            on_import(state, module)
+        if module is not None:
+            if _is_initialised(module):
+                on_import(state, module, settling=False)
+            else:
+                state.unsettled = True
+
+
+def settle(state: "_State") -> None:
+    """Apply what :func:`apply_imported` had to leave, and what a forked child's parent was applying
+    in another thread: at every post-import hook, ``report()`` and ``activate()``."""
+    if state.unsettled and state.active and not state.pending:
+        state.unsettled = False
+        apply_imported(state)

@@ -12,7 +12,7 @@ package runs) or the first ``report()``.
 import os
 
 from . import _env
-from ._apply import apply_imported
+from ._apply import apply_imported, settle
 from ._errors import warn
 from ._ledger import Record
 from ._report import maybe_log_summary
@@ -82,15 +82,13 @@ def materialise(state: "_State") -> None:
     """Read the patch list an activation left waiting, watch its modules, patch what is imported.
 
     The list is loaded (and ``NPU_COMPAT_DISABLE`` read) without the state's lock, and registered
-    under it; another thread that finds the list already read passes on.  In a forked child it also
-    resumes the records that another thread of the parent was applying."""
+    under it; another thread that finds the list already read passes on.  Read already, it settles
+    what is left (:func:`._apply.settle`)."""
     with state.lock:
         pending, generation, specs = state.pending, state.generation, state.specs
         read_disable = state.read_disable
     if not pending:
-        if state.orphaned:
-            state.orphaned = False
-            apply_imported(state)
+        settle(state)
         return
     specs = catalog() if specs is None else specs
     # an activation waits only while NPU_COMPAT_DISABLE is unset: what it named then is nothing
