@@ -1,0 +1,49 @@
+"""The engine's stress harness in CI (``tests/engine/stress.py``; more rounds: ``python -m
+tests.engine.stress``): imports from 8 threads in random orders, activation cycles meanwhile, forks
+at random points of activation -- each round a fresh interpreter under a timeout.
+
+The synthetic universe runs everywhere (the engine session): 8 importing threads.  The real
+catalogue's runs on the simulated Ascend where a stack is installed: its imports from one thread
+while activation cycles and forks run beside them (see ``stress.CATALOGUE_MODES`` for why not 8).  Every round's seed and mode is in the failure message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.engine import stress
+
+#: Rounds per run: the modes in turn (plain, cycle, fork), seeds counting up from 0.
+SYNTHETIC_ROUNDS = 60
+CATALOGUE_ROUNDS = 4
+
+
+def run(
+    universe: dict[str, object], rounds: int, *, simulate: bool, timeout: float, expect: object,
+    modes: tuple[str, ...] = stress.MODES,
+) -> None:  # fmt: skip
+    failed = {}
+    for seed, mode in stress.seeds(0, rounds, modes):
+        result = stress.run_round(universe, seed, mode, timeout=timeout, simulate=simulate, expect=expect)  # type: ignore[arg-type]
+        problems = stress.failures(result)
+        if problems:
+            failed[f"seed {seed} ({mode})"] = problems[:5]
+    assert not failed, failed
+
+
+def test_synthetic_rounds_never_hang_and_leave_nothing(tmp_path: Path) -> None:
+    universe = stress.synthetic_universe(tmp_path / "site")
+    run(universe, SYNTHETIC_ROUNDS, simulate=False, timeout=60, expect=universe["expect"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("trinity") is None,
+    reason="the real catalogue's targets: needs a stack (trinity-rft, verl, vLLM, Ray, torch)",
+)
+def test_the_real_catalogue_from_eight_threads_on_the_simulated_ascend() -> None:
+    # what the same imports, one after another in one thread, leave: the rounds must leave the same
+    universe, expect = stress.settled(stress.catalogue_universe(), timeout=300)
+    run(universe, CATALOGUE_ROUNDS, simulate=True, timeout=300, expect=expect, modes=stress.CATALOGUE_MODES)
