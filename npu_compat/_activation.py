@@ -10,7 +10,6 @@ Every byte here is unmarshalled by every activated process: keep it small.
 """
 
 import _thread
-import _weakref
 import os
 import sys
 
@@ -86,33 +85,19 @@ def _fire(module: "ModuleType") -> None:
 LISTENERS: "list[Callable[[], None]]" = []
 
 
-class _Strong:
-    """Holds a replacement that cannot be referenced weakly (an int, a tuple) while it is applied."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object) -> None:
-        self.obj = obj
-
-    def __call__(self) -> object:
-        return self.obj
-
-
 class _State:
-    """The process's activation.  ``lock`` is held only for short steps that import nothing and call
-    no one else's code (see :mod:`._apply`), so it is safe to take from any post-import hook."""
+    """The process's activation; ``lock`` is held only for steps that import nothing (see _apply)."""
 
     def __init__(self) -> None:
         self.lock = _thread.RLock()
         self.generation = 0
-        # id(new) -> (reference to new, original): weak where the replacement allows it, so that
-        # get_original() answers for a wrapper that outlives deactivate() (a copy nobody declared)
-        # and nothing is kept once the wrapper is gone.
+        # id(new) -> (reference to new, original): see _ledger.remember
         self.originals: dict[int, tuple[Callable[[], object], object]] = {}
         self.summary_logged = False
         # True while a target is imported but unpatched: it was still being imported when the
         # patch list was read, or (in a forked child) another thread of the parent was applying it
         self.unsettled = False
+        self.pid = os.getpid()  # a forked child finds another: what the parent was applying is left
         self.reset()
 
     def reset(self) -> None:
@@ -133,29 +118,6 @@ class _State:
         self.specs: tuple[PatchSpec, ...] | None = None
         self.read_disable = False
 
-    def remember(self, new: object, original: object) -> None:
-        """Note that ``new`` replaced ``original`` (for ``is_patched``/``get_original``)."""
-        key, originals = id(new), self.originals
-
-        def gone(ref: object) -> None:
-            entry = originals.get(key)
-            if entry is not None and entry[0] is ref:
-                del originals[key]
-
-        try:
-            ref: Callable[[], object] = _weakref.ref(new, gone)
-        except TypeError:
-            ref = _Strong(new)
-        originals[key] = (ref, original)
-
-    def forget_values(self) -> None:
-        """After undoing: drop what is held strongly (plain values); wrappers are held weakly."""
-        # a copy first (one step in C): a collection during the loop runs the weak references'
-        # callbacks, which remove entries
-        for key, (ref, _) in self.originals.copy().items():
-            if type(ref) is _Strong:
-                self.originals.pop(key, None)
-
     def notify(self) -> None:
         for listener in list(LISTENERS):
             try:
@@ -169,29 +131,15 @@ class _State:
 _state = _State()
 
 
-def _before_fork() -> None:
-    _state.lock.acquire()  # no commit is half done when the process forks
-
-
-def _after_fork_in_parent() -> None:
-    _state.lock.release()
-
-
-def _after_fork_in_child() -> None:
-    """The child has one thread: a fresh lock, and the records that other threads of the parent were
-    applying are pending again (applied at the child's next post-import hook or ``report()``)."""
-    state = _state
-    state.lock = _thread.RLock()
-    me = _thread.get_ident()
-    for rec in state.records.values():
-        if rec.claimed is not None and rec.claimed != me:
-            rec.claimed = None
-            state.unsettled = True
-
-
 if hasattr(os, "register_at_fork"):
+    # No commit is half done at a fork: the forking thread holds the lock across it, and the child's
+    # is unlocked anew.  Bound methods of the lock, not functions of this module: those would keep
+    # its globals alive into finalisation (about 0.1 ms at every exit, bench/startup.py).  Records
+    # that other threads of the parent were applying are told by their pid (_apply.claim).
     os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+        before=_state.lock.acquire,
+        after_in_parent=_state.lock.release,
+        after_in_child=_state.lock._at_fork_reinit,  # type: ignore[attr-defined]  # as threading does
     )
 
 
@@ -250,7 +198,7 @@ def activate(
                 state.finder.install()
                 state.active = True
     if active is not None:
-        if state.unsettled:
+        if state.unsettled or state.pid != os.getpid():
             from ._apply import settle
 
             settle(state)
@@ -284,38 +232,15 @@ def activate(
 
 def deactivate() -> None:
     """Undo every change, in reverse order, and remove the hooks.  Safe to call when inactive."""
-    state = _state
-    messages: list[str] = []
-    with state.lock:
-        if state.order:
-            from . import _undo  # npu-compat's own module: nothing of anyone else's runs here
+    from . import _undo
 
-            messages = _undo.undo(state)
-        if state.finder is not None:
-            state.finder.uninstall()
-        effects = sys.modules.get("npu_compat._effects")
-        if effects is not None:
-            effects.undo()
-        state.reset()
-        state.forget_values()
-        state.summary_logged = False
-        state.unsettled = False
-        _env.LAST = None
-    if messages:
-        from ._errors import warn
-
-        for message in messages:
-            warn(message)
-    state.notify()  # the report file says so once more
-    reportfile = sys.modules.get("npu_compat._reportfile")
-    if reportfile is not None:
-        reportfile.detach()  # and its listener and watcher thread stop
+    _undo.deactivate(_state)
 
 
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
     state = _state
-    if state.active and (state.pending or state.unsettled):  # the patch list read, or what is left applied
+    if state.active and (state.pending or state.unsettled or state.pid != os.getpid()):  # read, or settled
         from . import _register
 
         _register.materialise(state)

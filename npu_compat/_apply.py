@@ -21,10 +21,11 @@ commit whose activation was undone meanwhile (``deactivate()``) is dropped.
 
 import _thread
 import sys
+from os import getpid as _getpid
 
 from . import _env
 from ._errors import warn
-from ._ledger import MISSING, Change, Record
+from ._ledger import MISSING, Change, Record, remember
 from ._report import log, maybe_log_summary
 from ._versions import installed_version, version_in_range
 
@@ -262,7 +263,7 @@ def _commit(state: "_State", rec: "Record", found: "_Found") -> "_Found":
         else:
             rec.original, rec.new, rec.live = change.original, change.new, True
             rec.changes.append(change)  # in the ledger before anything can observe it
-            state.remember(change.new, change.original)
+            remember(state.originals, change.new, change.original)
             setattr(owner, name, change.new)
             state.order.append(rec)
             for copy_module, copy_name in rec.spec.copy_places():
@@ -311,8 +312,10 @@ def apply(
         raise
     with state.lock:
         rec.claimed = None
-        if state.generation != generation:
-            return  # deactivate() ran meanwhile: this record, and what was built for it, are gone
+        if state.generation != generation or rec.status != "pending":
+            # deactivate() ran meanwhile (this record, and what was built for it, are gone), or in a
+            # forked child both the thread that forked and another applied it: the first stands
+            return
         found = _commit(state, rec, found)
     error = _announce(state, rec, found)
     if error is not None:
@@ -321,11 +324,14 @@ def apply(
 
 def claim(state: "_State", records: "Iterable[Record]") -> "list[Record]":
     """Under the lock: the pending records no other thread is applying, now this thread's."""
-    me = _thread.get_ident()
+    pid, thread = _getpid(), _thread.get_ident()
     mine = []
     for rec in records:
-        if rec.status == "pending" and rec.claimed is None:
-            rec.claimed = me
+        claimed = rec.claimed
+        # a claim made in another process is the parent's, before a fork: no thread here holds it
+        # (but the thread that forked, which goes on in the child, keeps its own)
+        if rec.status == "pending" and (claimed is None or (claimed[0] != pid and claimed[1] != thread)):
+            rec.claimed = (pid, thread)
             mine.append(rec)
     return mine
 
@@ -411,6 +417,7 @@ def apply_imported(state: "_State") -> None:
 def settle(state: "_State") -> None:
     """Apply what :func:`apply_imported` had to leave, and what a forked child's parent was applying
     in another thread: at every post-import hook, ``report()`` and ``activate()``."""
-    if state.unsettled and state.active and not state.pending:
-        state.unsettled = False
+    pid = _getpid()
+    if (state.unsettled or state.pid != pid) and state.active and not state.pending:
+        state.unsettled, state.pid = False, pid
         apply_imported(state)

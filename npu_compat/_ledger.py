@@ -8,8 +8,12 @@ appended before anything else can observe it; :mod:`._undo` restores them in rev
 order, and :mod:`._report` describes the records.
 """
 
+import _weakref
+
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._spec import PatchSpec
 
 #: Every status a record can have, in the order the summary counts them.
@@ -37,8 +41,8 @@ class Record:
 
     The first change is the target itself; the rest are the copies repointed.  ``live``
     is False once the patch is undone: a wrapper left where nobody declared it then calls
-    straight through.  ``claimed`` is the thread applying a pending record right now (see
-    :mod:`._apply`), else None.
+    straight through.  ``claimed`` is ``(pid, thread)`` applying a pending record right now
+    (see :mod:`._apply`), else None.
     """
 
     __slots__ = ("spec", "status", "reason", "installed", "changes", "live", "new", "original", "claimed")
@@ -52,7 +56,49 @@ class Record:
         self.live = False
         self.new: object = MISSING
         self.original: object = MISSING
-        self.claimed: int | None = None
+        self.claimed: tuple[int, int] | None = None
 
     def is_live(self) -> bool:
         return self.live
+
+
+class _Strong:
+    """Holds a replacement that cannot be referenced weakly (an int, a tuple) while it is applied."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __call__(self) -> object:
+        return self.obj
+
+
+def remember(
+    originals: "dict[int, tuple[Callable[[], object], object]]", new: object, original: object
+) -> None:
+    """Note in ``originals`` (the state's: ``id(new) -> (reference to new, original)``) that ``new``
+    replaced ``original``, for ``is_patched``/``get_original``.  Weakly where ``new`` allows it: a
+    wrapper that outlives ``deactivate()`` (a copy nobody declared) is still answered for, and nothing
+    is kept once it is gone."""
+    key = id(new)
+
+    def gone(ref: object) -> None:
+        entry = originals.get(key)
+        if entry is not None and entry[0] is ref:
+            del originals[key]
+
+    try:
+        ref: Callable[[], object] = _weakref.ref(new, gone)
+    except TypeError:
+        ref = _Strong(new)
+    originals[key] = (ref, original)
+
+
+def forget_values(originals: "dict[int, tuple[Callable[[], object], object]]") -> None:
+    """After undoing: drop what is held strongly (plain values); wrappers are held weakly."""
+    # a copy first (one step in C): a collection during the loop runs the weak references'
+    # callbacks, which remove entries
+    for key, (ref, _) in originals.copy().items():
+        if type(ref) is _Strong:
+            originals.pop(key, None)

@@ -8,12 +8,47 @@ left as it is, with a warning -- returned, and given once the lock is released. 
 inherited target is deleted from the subclass again, so that it inherits the original.
 """
 
+import sys
+
+from . import _env
 from ._ledger import MISSING
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from ._activation import _State
     from ._ledger import Change
+
+
+def deactivate(state: "_State") -> None:
+    """``deactivate()``: under the lock, every change undone, the environment variables patches set
+    restored (:mod:`._effects`), the finder removed and the state reset; then the warnings, the
+    listeners, and the report file's last write and its watcher stopped."""
+    messages: list[str] = []
+    with state.lock:
+        if state.order:
+            messages = undo(state)
+        if state.finder is not None:
+            state.finder.uninstall()
+        effects = sys.modules.get("npu_compat._effects")
+        if effects is not None:
+            effects.undo()
+        state.reset()
+        if state.originals:
+            from ._ledger import forget_values
+
+            forget_values(state.originals)
+        state.summary_logged = False
+        state.unsettled = False
+        _env.LAST = None
+    if messages:
+        from ._errors import warn
+
+        for message in messages:
+            warn(message)
+    state.notify()  # the report file says so once more
+    reportfile = sys.modules.get("npu_compat._reportfile")
+    if reportfile is not None:
+        reportfile.detach()  # and its listener and watcher thread stop
 
 
 def undo(state: "_State") -> "list[str]":
