@@ -89,8 +89,11 @@ def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, obj
         original, defining = _lookup(owner, name)
         had_own = defining is owner
     else:
-        had_own = True
         original = getattr(owner, name, MISSING)
+        # a module's (or an instance's) own attribute; else one its __getattr__ or class provides,
+        # which undoing deletes again
+        held = getattr(owner, "__dict__", None)
+        had_own = type(held) is not dict or name in held
     if original is MISSING:
         raise AttributeError(f"expected {spec.target} to exist, it does not")
     return owner, name, original, had_own, defining

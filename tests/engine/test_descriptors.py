@@ -153,3 +153,43 @@ print(json.dumps({{"plain": plain, "patched": patched, "after": after, "report":
         assert f"kinds.{defining}" in reason and kind in reason, reason
     assert all(out["restored"].values()), out["restored"]
     assert out["extra"] == [], "the subclass keeps attributes of npu-compat after deactivate()"
+
+
+LAZY_MODULE = """
+def _lazy(x):
+    return ("lazy", x)
+
+def __getattr__(name):   # a module attribute provided on demand (PEP 562), as lazy packages do
+    if name == "lazy":
+        return _lazy
+    raise AttributeError(name)
+"""
+
+
+def test_a_module_attribute_given_by_its_getattr_is_patched_and_given_back(kinds: Path) -> None:
+    (kinds / "lazymod.py").write_text(LAZY_MODULE)
+    (kinds / "lazyspecs.py").write_text(
+        "from npu_compat import PatchSpec\n"
+        "SPECS = [PatchSpec('k.lazy', 'lazymod:lazy', wrapper='kindwrappers:mark', distribution='kinds',"
+        " versions='>=1', why='test')]\n"
+    )
+    out = last_json(
+        run_py(
+            """
+            import json
+            import npu_compat
+            from lazyspecs import SPECS
+            import lazymod
+            npu_compat.activate(specs=SPECS)
+            patched = lazymod.lazy(1)
+            status = npu_compat.report()[0]["status"]
+            npu_compat.deactivate()
+            print(json.dumps({"patched": patched, "status": status, "after": lazymod.lazy(2),
+                              "own": "lazy" in vars(lazymod), "same": lazymod.lazy is lazymod._lazy}))
+            """,
+            env=NPU,
+            pythonpath=[str(kinds)],
+        )
+    )
+    assert out == {"patched": ["wrapped", ["lazy", 1]], "status": "applied", "after": ["lazy", 2],
+                   "own": False, "same": True}  # fmt: skip
