@@ -94,10 +94,6 @@ class _State:
         # id(new) -> (reference to new, original): see _ledger.remember
         self.originals: dict[int, tuple[Callable[[], object], object]] = {}
         self.summary_logged = False
-        # True while a target is imported but unpatched: it was still being imported when the
-        # patch list was read, or (in a forked child) another thread of the parent was applying it
-        self.unsettled = False
-        self.pid = os.getpid()  # a forked child finds another: what the parent was applying is left
         self.reset()
 
     def reset(self) -> None:
@@ -135,7 +131,7 @@ if hasattr(os, "register_at_fork"):
     # No commit is half done at a fork: the forking thread holds the lock across it, and the child's
     # is unlocked anew.  Bound methods of the lock, not functions of this module: those would keep
     # its globals alive into finalisation (about 0.1 ms at every exit, bench/startup.py).  Records
-    # that other threads of the parent were applying are told by their pid (_apply.claim).
+    # that other threads of the parent were applying are told by their pid (_apply.settle).
     os.register_at_fork(
         before=_state.lock.acquire,
         after_in_parent=_state.lock.release,
@@ -198,8 +194,8 @@ def activate(
                 state.finder.install()
                 state.active = True
     if active is not None:
-        if state.unsettled or state.pid != os.getpid():
-            from ._apply import settle
+        if not state.pending:
+            from ._apply import settle  # what no hook will apply (a target imported meanwhile)
 
             settle(state)
         if decision.device != active:
@@ -240,7 +236,7 @@ def deactivate() -> None:
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
     state = _state
-    if state.active and (state.pending or state.unsettled or state.pid != os.getpid()):  # read, or settled
+    if state.active:  # the patch list read if it waits; else what no hook will apply (_apply.settle)
         from . import _register
 
         _register.materialise(state)

@@ -330,13 +330,18 @@ def claim(state: "_State", records: "Iterable[Record]") -> "list[Record]":
     pid, thread = _getpid(), _thread.get_ident()
     mine = []
     for rec in records:
-        claimed = rec.claimed
-        # a claim made in another process is the parent's, before a fork: no thread here holds it
-        # (but the thread that forked, which goes on in the child, keeps its own)
-        if rec.status == "pending" and (claimed is None or (claimed[0] != pid and claimed[1] != thread)):
+        if _claimable(rec, pid, thread):
             rec.claimed = (pid, thread)
             mine.append(rec)
     return mine
+
+
+def _claimable(rec: "Record", pid: int, thread: int) -> bool:
+    """Pending, and no thread is applying it.  A claim made in another process is the parent's,
+    before a fork: no thread here holds it (but the thread that forked, which goes on in the child,
+    keeps its own)."""
+    claimed = rec.claimed
+    return rec.status == "pending" and (claimed is None or (claimed[0] != pid and claimed[1] != thread))
 
 
 def _repoint(rec: "Record", module: "ModuleType", name: str) -> None:
@@ -406,21 +411,43 @@ def _is_initialised(module: "ModuleType") -> bool:
 
 def apply_imported(state: "_State") -> None:
     """Patch the targets (and repoint the copies) that are already imported.  A module still being
-    imported (by another thread, or further up this one's stack) cannot be patched yet and no hook
-    will fire for it: it is left to :func:`settle`."""
+    imported (by another thread, or further up this one's stack) cannot be patched yet; it is
+    :func:`settle`'s."""
     for name in [*state.by_module, *state.by_copy]:
         module = sys.modules.get(name)
-        if module is not None:
-            if _is_initialised(module):
-                on_import(state, module, settling=False)
-            else:
-                state.unsettled = True
+        if module is not None and _is_initialised(module):
+            on_import(state, module, settling=False)
 
 
 def settle(state: "_State") -> None:
-    """Apply what :func:`apply_imported` had to leave, and what a forked child's parent was applying
-    in another thread: at every post-import hook, ``report()`` and ``activate()``."""
-    pid = _getpid()
-    if (state.unsettled or state.pid != pid) and state.active and not state.pending:
-        state.unsettled, state.pid = False, pid
-        apply_imported(state)
+    """Apply what no hook will: at every post-import hook, ``report()`` and ``activate()``.
+
+    A target whose import had begun (its spec found) before the finder was installed -- by another
+    thread while this one activated, or in a deactivate/activate cycle -- or that was still running
+    when the patch list was read, is imported with no hook of ours; in a forked child, what another
+    thread of the parent was applying was left half way.  Each is found here: a watched module,
+    imported in full, with a record that is pending and not being applied, or a declared copy still
+    bound to the original.  A look at each watched module, no more, when there is nothing to do."""
+    if not state.active or state.pending:
+        return
+    with state.lock:
+        modules, copies = list(state.by_module.items()), list(state.by_copy.items())
+    pid, thread = _getpid(), _thread.get_ident()
+    for name, recs in modules:
+        module = sys.modules.get(name)
+        if (
+            module is not None
+            and any(_claimable(rec, pid, thread) for rec in recs)
+            and _is_initialised(module)
+        ):
+            on_import(state, module, settling=False)
+    for name, recs in copies:
+        module = sys.modules.get(name)
+        if module is not None and _is_initialised(module):
+            for rec in recs:
+                if rec.status == "applied" and any(
+                    place == name and module.__dict__.get(copy, MISSING) is rec.original
+                    for place, copy in rec.spec.copy_places()
+                ):
+                    on_import(state, module, settling=False)
+                    break

@@ -82,8 +82,8 @@ def materialise(state: "_State") -> None:
     """Read the patch list an activation left waiting, watch its modules, patch what is imported.
 
     The list is loaded (and ``NPU_COMPAT_DISABLE`` read) without the state's lock, and registered
-    under it; another thread that finds the list already read passes on.  Read already, it settles
-    what is left (:func:`._apply.settle`)."""
+    under it; another thread that finds the list already read passes on.  Read already, it applies
+    what no hook will (:func:`._apply.settle`)."""
     with state.lock:
         pending, generation, specs = state.pending, state.generation, state.specs
         read_disable = state.read_disable

@@ -38,7 +38,6 @@ def deactivate(state: "_State") -> None:
 
             forget_values(state.originals)
         state.summary_logged = False
-        state.unsettled = False
         _env.LAST = None
     if messages:
         from ._errors import warn

@@ -246,3 +246,45 @@ def test_two_threads_applying_at_once_apply_each_patch_once(synth: Path) -> None
         """
     rounds = last_json(run_py("import sys\n" + textwrap.dedent(code), env=NPU, pythonpath=[str(synth)]))
     assert all(r == {"layers": True, "limit": 8, "applied": ["applied"]} for r in rounds), rounds
+
+
+FOUND_BEFORE = """
+import importlib.machinery, json, sys, threading, time
+import npu_compat
+from synthspecs import SPECS
+import synthpkg  # a target package already imported: the patch list is read at activation
+
+found = threading.Event()
+
+class SlowCreate:
+    '''PathFinder's spec for synthpkg.target, whose module is created only a moment later.'''
+    def find_spec(self, name, path=None, target=None):
+        if name != "synthpkg.target":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        real = spec.loader
+        class Slow:
+            def create_module(self, spec):
+                found.set()
+                time.sleep(0.5)   # meanwhile the main thread activates
+                return None
+            def exec_module(self, module):
+                real.exec_module(module)
+        spec.loader = Slow()
+        return spec
+
+sys.meta_path.insert(0, SlowCreate())
+loader = threading.Thread(target=lambda: __import__("synthpkg.target"))
+loader.start()
+found.wait(10)
+npu_compat.activate(specs=SPECS)   # the import under way was found before this finder existed
+loader.join(10)
+import synthpkg.target as t
+status = {r["id"]: r["status"] for r in npu_compat.report()}
+print(json.dumps({"name": t.device_name(), "init": status["synth.init_pg"], "device": status["synth.device_name"]}))
+"""
+
+
+def test_a_target_whose_import_began_before_activation_is_applied_at_the_next_report(synth: Path) -> None:
+    out = last_json(run_py(FOUND_BEFORE, env=NPU, pythonpath=[str(synth)], timeout=60))
+    assert out == {"name": "npu", "init": "applied", "device": "applied"}
