@@ -45,15 +45,19 @@ _import_log_lock = _thread.allocate_lock()  # forget() never races the watcher's
 _sleep = _thread.allocate_lock()
 #: One writer at a time; a write asked for meanwhile is made by that writer (see write()).
 _write_lock = _thread.allocate_lock()
+#: attach() and detach() one at a time (activate() and deactivate() may run in several threads at once):
+#: held while the watcher is started or stopped, never by the watcher itself.
+_attach_lock = _thread.RLock()
 _dirty = False
 
 
 def _forked() -> None:
     """A forked child is a process of its own: its start is read anew, and it was active from it."""
-    global _import_log_lock, _write_lock, _sleep
+    global _import_log_lock, _write_lock, _sleep, _attach_lock
     # another thread of the parent (its watcher, a writer) may have held these at the fork
     _import_log_lock = _thread.allocate_lock()
     _write_lock = _thread.allocate_lock()
+    _attach_lock = _thread.RLock()
     _sleep = _thread.allocate_lock()
     _watcher.clear()
     _started.clear()
@@ -70,31 +74,33 @@ if hasattr(os, "register_at_fork"):
 def attach() -> None:
     """Write this process's report now and again whenever a patch status changes.  Idempotent."""
     global _attached
-    _attached = True
-    _times.setdefault("activated", _now())
-    activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
-    if activation is not None and write not in activation.LISTENERS:
-        activation.LISTENERS.append(write)
-    write()
-    _start_watcher()
+    with _attach_lock:
+        _attached = True
+        _times.setdefault("activated", _now())
+        activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
+        if activation is not None and write not in activation.LISTENERS:
+            activation.LISTENERS.append(write)
+        write()
+        _start_watcher()
 
 
 def detach() -> None:
     """Write the report a last time, then stop: the listener removed, the watcher thread ended and
     joined (``deactivate()``; a later ``activate()`` attaches again).  The files stay."""
     global _attached
-    if not _attached:
-        return
-    _stop_watcher()
-    if _write_lock.acquire(timeout=5):  # the last word is this one, whoever else was writing
-        try:
-            _write_now()
-        finally:
-            _write_lock.release()
-    _attached = False
-    activation = sys.modules.get("npu_compat._activation")
-    if activation is not None and write in activation.LISTENERS:
-        activation.LISTENERS.remove(write)
+    with _attach_lock:
+        if not _attached:
+            return
+        _stop_watcher()
+        if _write_lock.acquire(timeout=5):  # the last word is this one, whoever else was writing
+            try:
+                _write_now()
+            finally:
+                _write_lock.release()
+        _attached = False
+        activation = sys.modules.get("npu_compat._activation")
+        if activation is not None and write in activation.LISTENERS:
+            activation.LISTENERS.remove(write)
 
 
 def _start_watcher() -> None:
@@ -200,8 +206,9 @@ def forget() -> None:
     another program, which starts its own)."""
     global _attached, _last
     target, imports = path(), imports_path()
-    _attached = False
-    _stop_watcher()
+    with _attach_lock:
+        _attached = False
+        _stop_watcher()
     _last = None
     activation = sys.modules.get("npu_compat._activation")
     if activation is not None and write in activation.LISTENERS:

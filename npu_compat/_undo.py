@@ -45,9 +45,10 @@ def deactivate(state: "_State") -> None:
         for message in messages:
             warn(message)
     state.notify()  # the report file says so once more
-    reportfile = sys.modules.get("npu_compat._reportfile")
-    if reportfile is not None:
-        reportfile.detach()  # and its listener and watcher thread stop
+    if "npu_compat._reportfile" in sys.modules:  # (an import, not a look-up: it may be half imported)
+        from . import _reportfile
+
+        _reportfile.detach()  # and its listener and watcher thread stop
 
 
 def undo(state: "_State") -> "list[str]":

@@ -89,3 +89,34 @@ def test_repeated_cycles_leave_the_process_as_it_was(synth: Path, tmp_path: Path
     # the report says what the process is now: not active
     (report,) = reports.glob("*.json")
     assert '"source": "not activated"' in report.read_text()
+
+
+def test_threads_that_activate_and_deactivate_at_once_with_a_report_file(tmp_path: Path) -> None:
+    # the report file's watcher is started and stopped by whichever thread activates or deactivates
+    out = last_json(
+        run_py(
+            """
+            import json, sys, threading
+            import npu_compat
+            errors = []
+            def cycle():
+                try:
+                    for _ in range(150):
+                        npu_compat.deactivate()
+                        npu_compat.activate()
+                except BaseException as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+            threads = [threading.Thread(target=cycle) for _ in range(4)]
+            [t.start() for t in threads]; [t.join(60) for t in threads]
+            during = sorted(t.name for t in threading.enumerate())
+            npu_compat.deactivate()
+            print(json.dumps({"errors": errors, "during": during,
+                              "after": sorted(t.name for t in threading.enumerate())}))
+            """,
+            env={**NPU, "NPU_COMPAT_REPORT_DIR": str(tmp_path / "reports")},
+            timeout=120,
+        )
+    )
+    assert out["errors"] == []
+    assert out["during"] == ["MainThread", "npu-compat-report"]
+    assert out["after"] == ["MainThread"]
