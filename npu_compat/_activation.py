@@ -166,7 +166,7 @@ def activate(
     thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions).
     """
     state = _state
-    wait = True
+    wait, token = True, 0
     chosen = None if specs is None else tuple(specs)
     packages = CATALOG_PACKAGES
     if chosen is not None:
@@ -193,6 +193,7 @@ def activate(
                 state.read_disable = not wait
                 state.finder.install()
                 state.active = True
+                token = state.generation
     if active is not None:
         if not state.pending:
             from ._apply import settle  # what no hook will apply (a target imported meanwhile)
@@ -221,7 +222,7 @@ def activate(
         if _env._get(os.environ, _env.REPORT_DIR):
             from . import _reportfile  # the per-process report file: it listens from now on
 
-            _reportfile.attach()
+            _reportfile.attach(token)  # unless deactivated since
         state.notify()
     return "npu"
 

@@ -71,10 +71,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def attach() -> None:
-    """Write this process's report now and again whenever a patch status changes.  Idempotent."""
+def _superseded(token: "int | None", active: bool) -> bool:
+    """Whether the activation (``active``) or deactivation that holds ``token`` -- the engine's
+    generation when it changed the state -- was followed by another: that one attaches or detaches."""
+    if token is None:
+        return False
+    activation = sys.modules.get("npu_compat._activation")
+    state = getattr(activation, "_state", None)
+    return state is not None and (state.generation != token or state.active != active)
+
+
+def attach(token: "int | None" = None) -> None:
+    """Write this process's report now and again whenever a patch status changes.  Idempotent.
+    ``token``: the engine's generation that ``activate()`` activated (nothing is done if it was
+    deactivated since)."""
     global _attached
     with _attach_lock:
+        if _superseded(token, True):
+            return
         _attached = True
         _times.setdefault("activated", _now())
         activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
@@ -84,12 +98,13 @@ def attach() -> None:
         _start_watcher()
 
 
-def detach() -> None:
+def detach(token: "int | None" = None) -> None:
     """Write the report a last time, then stop: the listener removed, the watcher thread ended and
-    joined (``deactivate()``; a later ``activate()`` attaches again).  The files stay."""
+    joined (``deactivate()``; a later ``activate()`` attaches again).  The files stay.  ``token``:
+    the engine's generation that ``deactivate()`` left (nothing is done if it was activated since)."""
     global _attached
     with _attach_lock:
-        if not _attached:
+        if not _attached or _superseded(token, False):
             return
         _stop_watcher()
         if _write_lock.acquire(timeout=5):  # the last word is this one, whoever else was writing

@@ -39,6 +39,7 @@ def deactivate(state: "_State") -> None:
             forget_values(state.originals)
         state.summary_logged = False
         _env.LAST = None
+        token = state.generation
     if messages:
         from ._errors import warn
 
@@ -48,7 +49,7 @@ def deactivate(state: "_State") -> None:
     if "npu_compat._reportfile" in sys.modules:  # (an import, not a look-up: it may be half imported)
         from . import _reportfile
 
-        _reportfile.detach()  # and its listener and watcher thread stop
+        _reportfile.detach(token)  # and its listener and watcher thread stop (unless activated since)
 
 
 def undo(state: "_State") -> "list[str]":

@@ -109,14 +109,19 @@ def test_threads_that_activate_and_deactivate_at_once_with_a_report_file(tmp_pat
             threads = [threading.Thread(target=cycle) for _ in range(4)]
             [t.start() for t in threads]; [t.join(60) for t in threads]
             during = sorted(t.name for t in threading.enumerate())
+            report = npu_compat._reportfile.path()
+            active = json.load(open(report))["decision"]["source"]
             npu_compat.deactivate()
-            print(json.dumps({"errors": errors, "during": during,
-                              "after": sorted(t.name for t in threading.enumerate())}))
+            print(json.dumps({"errors": errors, "during": during, "active": active,
+                              "after": sorted(t.name for t in threading.enumerate()),
+                              "last": json.load(open(report))["decision"]["source"]}))
             """,
             env={**NPU, "NPU_COMPAT_REPORT_DIR": str(tmp_path / "reports")},
             timeout=120,
         )
     )
     assert out["errors"] == []
+    # each thread's last call was activate(): active, so reported and watched
     assert out["during"] == ["MainThread", "npu-compat-report"]
-    assert out["after"] == ["MainThread"]
+    assert out["active"] == "NPU_COMPAT_DEVICE=npu"
+    assert out["after"] == ["MainThread"] and out["last"] == "not activated"
