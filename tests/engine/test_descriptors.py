@@ -18,10 +18,8 @@ from tests.engine.test_concurrency import write_dist
 
 NPU = {"NPU_COMPAT_DEVICE": "npu"}
 
-KINDS_MODULE = '''
-class Base(dict):
-    __slots__ = ("slotted",)
-
+#: Every kind of class attribute; ``Base`` defines them, ``Sub`` inherits them, ``Own`` defines them again.
+KINDS = """
     def method(self, x):
         return ("method", type(self).__name__, x)
 
@@ -38,33 +36,21 @@ class Base(dict):
     @property
     def prop(self):
         return "prop"
+"""
 
+KINDS_MODULE = f"""
+class Base(dict):
+    __slots__ = ("slotted",)
+{KINDS}
 
 class Sub(Base):
     __slots__ = ()
 
 
 class Own(Base):
-    """The same kinds defined on the class itself."""
     __slots__ = ("own_slot",)
-
-    def method(self, x):
-        return ("method", type(self).__name__, x)
-
-    @staticmethod
-    def static(x):
-        return ("static", x)
-
-    @classmethod
-    def klass(cls, x):
-        return ("klass", cls.__name__, x)
-
-    builtin = abs
-
-    @property
-    def prop(self):
-        return "prop"
-'''
+{KINDS}
+"""
 
 WRAPPERS = """
 def mark(wrapped, instance, args, kwargs):
