@@ -25,7 +25,7 @@ from os import getpid as _getpid
 
 from . import _env
 from ._errors import warn
-from ._ledger import MISSING, Change, Record, remember
+from ._ledger import MISSING, Change, Record, own, remember
 from ._report import log, maybe_log_summary
 from ._versions import installed_version, version_in_range
 
@@ -92,8 +92,7 @@ def _resolve(module: "ModuleType", spec: "PatchSpec") -> "tuple[object, str, obj
         original = getattr(owner, name, MISSING)
         # a module's (or an instance's) own attribute; else one its __getattr__ or class provides,
         # which undoing deletes again
-        held = getattr(owner, "__dict__", None)
-        had_own = type(held) is not dict or name in held
+        had_own = own(owner, name) is not MISSING
     if original is MISSING:
         raise AttributeError(f"expected {spec.target} to exist, it does not")
     return owner, name, original, had_own, defining
@@ -186,16 +185,7 @@ def _function_shim(
     return shim
 
 
-def _own(owner: object, name: str) -> object:
-    """What ``owner`` itself holds under ``name`` (MISSING if nothing): a class's or a module's own
-    dict, never a lookup that could run a module's ``__getattr__`` (and import) under the lock."""
-    held = getattr(owner, "__dict__", None)
-    if isinstance(owner, type) or type(held) is dict:
-        return owner.__dict__.get(name, MISSING)
-    return getattr(owner, name, MISSING)
-
-
-def _prepare(state: "_State", rec: "Record", module: "ModuleType", records: "Iterable[Record]") -> "_Found":
+def _prepare(rec: "Record", module: "ModuleType", records: "Iterable[Record]") -> "_Found":
     """The unlocked steps for one claimed record: may import and run other code."""
     spec = rec.spec
     rec.installed = installed_version(spec.distribution)
@@ -258,7 +248,7 @@ def _commit(state: "_State", rec: "Record", found: "_Found") -> "_Found":
     change = found.change
     if change is not None:
         owner, name = change.owner, change.name
-        current = _own(owner, name)
+        current = own(owner, name)
         if current is not (change.original if change.had_own else MISSING):
             found = _failure(
                 rec, f"{rec.spec.target} was replaced by someone else while it was being patched"
@@ -308,7 +298,7 @@ def apply(
     """Apply one record this thread has claimed (see :func:`claim`) to its just-imported ``module``,
     or say why not; raises :class:`PatchError` in strict mode once the outcome is recorded."""
     try:
-        found = _prepare(state, rec, module, records)
+        found = _prepare(rec, module, records)
     except BaseException:
         with state.lock:
             rec.claimed = None  # pending again: the next import or report() tries it again

@@ -22,6 +22,15 @@ STATUSES = ("pending", "applied", "skipped", "failed")
 MISSING = object()
 
 
+def own(owner: object, name: str) -> object:
+    """What ``owner`` itself holds under ``name`` (MISSING if nothing): a class's or a module's own
+    dict, never a lookup that could run a module's ``__getattr__`` (and import) under the lock."""
+    held = getattr(owner, "__dict__", None)
+    if isinstance(owner, type) or type(held) is dict:
+        return owner.__dict__.get(name, MISSING)
+    return getattr(owner, name, MISSING)
+
+
 class Change:
     """One attribute of one upstream object, as npu-compat set it (``had_own``: the
     owner held the attribute itself, rather than inheriting it)."""

@@ -11,7 +11,7 @@ inherited target is deleted from the subclass again, so that it inherits the ori
 import sys
 
 from . import _env
-from ._ledger import MISSING
+from ._ledger import own
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
@@ -66,12 +66,7 @@ def undo(state: "_State") -> "list[str]":
 
 def _restore(change: "Change") -> "str | None":
     owner, name = change.owner, change.name
-    held = getattr(owner, "__dict__", None)
-    if isinstance(owner, type) or type(held) is dict:
-        current = owner.__dict__.get(name, MISSING)  # no lookup that could run a module's __getattr__
-    else:
-        current = getattr(owner, name, MISSING)
-    if current is not change.new:
+    if own(owner, name) is not change.new:
         return (
             f"npu_compat: {getattr(owner, '__name__', owner)}.{name} was replaced again after "
             "npu-compat patched it; left as it is"
