@@ -370,15 +370,22 @@ def _on_import(state: "_State", module: "ModuleType") -> None:
         watched = name in state.by_module
     errors = []
     every = list(records.values()) if mine else []
-    for rec in mine:
-        try:
-            apply(state, rec, module, generation, every)
-        except Exception as exc:  # every claimed record is settled before strict mode raises
-            from ._errors import PatchError
+    try:
+        for rec in mine:
+            try:
+                apply(state, rec, module, generation, every)
+            except Exception as exc:  # every claimed record is settled before strict mode raises
+                from ._errors import PatchError
 
-            if not isinstance(exc, PatchError):
-                raise
-            errors.append(exc)
+                if not isinstance(exc, PatchError):
+                    raise
+                errors.append(exc)
+    finally:
+        # an error of ours part way: the records not reached are pending again, not held for good
+        with state.lock:
+            for rec in mine:
+                if rec.status == "pending":
+                    rec.claimed = None
     if copies:
         with state.lock:
             if state.generation == generation:

@@ -288,3 +288,29 @@ print(json.dumps({"name": t.device_name(), "init": status["synth.init_pg"], "dev
 def test_a_target_whose_import_began_before_activation_is_applied_at_the_next_report(synth: Path) -> None:
     out = last_json(run_py(FOUND_BEFORE, env=NPU, pythonpath=[str(synth)], timeout=60))
     assert out == {"name": "npu", "init": "applied", "device": "applied"}
+
+
+def test_an_internal_error_part_way_leaves_the_other_records_pending_not_held(synth: Path) -> None:
+    # One record's preparation fails in a way npu-compat does not expect (installed_version raises
+    # once); the module's other records must be applied at the next report(), not held by a claim.
+    code = """
+        import json, warnings
+        import npu_compat, npu_compat._apply as engine
+        from synthspecs import SPECS
+        real, calls = engine.installed_version, []
+        def once_broken(name):
+            calls.append(name)
+            if len(calls) == 1:
+                raise RuntimeError("unexpected")
+            return real(name)
+        engine.installed_version = once_broken
+        npu_compat.activate(specs=SPECS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import synthpkg.target as t
+        statuses = sorted({r["status"] for r in npu_compat.report()})
+        print(json.dumps({"statuses": statuses, "name": t.device_name(),
+                          "warned": any("internal error" in str(w.message) for w in caught)}))
+        """
+    out = last_json(run_py(textwrap.dedent(code), env=NPU, pythonpath=[str(synth)]))
+    assert out == {"statuses": ["applied"], "name": "npu", "warned": True}
