@@ -187,6 +187,21 @@ def forked_child(write_end: int, specs: Any, npu_compat: Any, places: Any, expec
     os._exit(0)
 
 
+def reap(pid: int, deadline: float) -> bool:
+    """Wait up to ``deadline`` seconds for child ``pid``; True if it hung (it is then killed)."""
+    until = time.time() + deadline
+    while time.time() < until and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        time.sleep(0.02)
+    try:
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return True
+    except ChildProcessError:
+        pass
+    return False
+
+
 def fork_once(specs: Any, npu_compat: Any, places: Any, expect: Any, deadline: float) -> dict[str, Any]:
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -194,17 +209,7 @@ def fork_once(specs: Any, npu_compat: Any, places: Any, expect: Any, deadline: f
         os.close(read_end)
         forked_child(write_end, specs, npu_compat, places, expect)
     os.close(write_end)
-    until = time.time() + deadline
-    while time.time() < until and os.waitpid(pid, os.WNOHANG) == (0, 0):
-        time.sleep(0.02)
-    hung = False
-    try:
-        if os.waitpid(pid, os.WNOHANG) == (0, 0):
-            hung = True
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    hung = reap(pid, deadline)
     data = os.read(read_end, 1 << 20)
     os.close(read_end)
     return {"hung": hung, "problems": json.loads(data) if data else ["the child wrote nothing"]}

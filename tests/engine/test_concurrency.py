@@ -157,6 +157,7 @@ def test_a_waiting_start_and_an_import_of_npu_compat_in_another_thread_do_not_de
 FORK_WHILE_HELD = """
 import json, os, sys, threading, time
 import npu_compat
+from tests.engine.stress_round import reap
 from synthspecs import SPECS
 npu_compat.activate(specs=SPECS)
 npu_compat.report()                          # the patch list is read: its modules are watched
@@ -183,19 +184,7 @@ for name, lock in locks.items():
                                 "status": {x["id"]: x["status"] for x in npu_compat.report()}}).encode())
         os._exit(0)
     os.close(w)
-    deadline = time.time() + 10
-    while time.time() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
-        time.sleep(0.05)
-    else:
-        pass
-    alive = False
-    try:
-        if os.waitpid(pid, os.WNOHANG) == (0, 0):
-            alive = True
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    alive = reap(pid, 10)
     data = os.read(r, 65536)
     results[name] = {"hung": alive, "child": json.loads(data) if data else None}
 print(json.dumps(results), flush=True)
