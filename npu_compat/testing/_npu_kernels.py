@@ -99,7 +99,9 @@ _CHECKED_MASKS: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 def _check_compressed_mask(mask: torch.Tensor, sparse_mode: int) -> None:
     """Sparse modes 2, 3 and 4 take the optimized 2048x2048 upper-triangular mask (True above the
     diagonal) and derive the real mask from it; anything else would compute wrong on the NPU."""
-    version = mask._version
+    # An inference tensor (made under torch.inference_mode, as vLLM's engine makes vllm-ascend's mask) has
+    # no version counter: it is taken as unchanged while it lives at the same address.
+    version = -mask.data_ptr() - 1 if mask.is_inference() else mask._version
     checked = _CHECKED_MASKS.get(id(mask))
     if checked is not None and checked[1] == version and checked[0]() is mask:
         return
