@@ -100,6 +100,34 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     session.install("--no-deps", "-r", f"npu_compat/stacks/{pins}", *_find_links(), *strategy)
     session.install("ninja==1.13.2")
     session.install("--no-deps", ".")
+    # The real vllm-ascend's Python, for NPU_COMPAT_SIMULATE_VLLM_ASCEND=real: what it imports beyond the
+    # stack, and the release paired with the stack's vLLM, laid out from the registry (pinned by SHA-256).
+    session.install("--no-deps", "-r", "npu_compat/stacks/ascend-host/vllm-ascend.txt")
+    session.run_install("python", "-c", TORCHVISION_WITHOUT_ITS_OPERATORS)
+    session.run_install("python", "-m", "npu_compat.testing", "vllm-ascend")
+
+
+#: torchvision's x86_64 wheels on the registry are CUDA builds: on the CPU build of torch its operator
+#: library does not load, and torchvision 0.28 then fails at import, registering fake kernels for two
+#: operators the library would have defined.  This defines their schemas (no kernel: calling them raises)
+#: in the environment's copy, once, so that its Python imports -- transformers' image processors import it,
+#: and vllm-ascend imports those.  A host with a CPU build of torchvision does not need it.
+TORCHVISION_WITHOUT_ITS_OPERATORS = """
+import importlib.util, pathlib
+path = pathlib.Path(importlib.util.find_spec("torchvision").origin).with_name("extension.py")
+marker = "# npu-compat's test stacks: torchvision's operator library did not load"
+lines = [
+    marker,
+    "if not _has_ops():",
+    "    for _name in ('nms', 'qnms'):",
+    "        schema = '(Tensor dets, Tensor scores, float iou_threshold) -> Tensor'",
+    "        torch.library.define(f'torchvision::{_name}', schema)",
+]
+text = path.read_text()
+if marker not in text:
+    path.write_text(text + chr(10) * 2 + chr(10).join(lines) + chr(10))
+import torchvision.transforms.v2.functional
+"""
 
 
 #: What each stack runs, to keep CI within its time.  ``beyond_ci`` cells (long end-to-end runs whose

@@ -1,10 +1,12 @@
-"""The simulated Ascend from a shell: ``python -m npu_compat.testing {cluster,env} ...``.
+"""The simulated Ascend from a shell: ``python -m npu_compat.testing {cluster,env,vllm-ascend} ...``.
 
 ``cluster`` starts an NPU-only Ray cluster on this machine (:func:`npu_ray_cluster`) in the
 foreground, prints what a client needs once every node is alive (``export`` lines, then
 ``ready``), appends the same as ``NAME=VALUE`` lines to ``--env-file`` (the dotenv form CI systems
 read, e.g. ``$GITHUB_ENV``), and runs until Ctrl-C or SIGTERM, when it stops every process it
-started.  ``env`` prints the variables that make a process a simulated Ascend host.
+started.  ``env`` prints the variables that make a process a simulated Ascend host.  ``vllm-ascend``
+lays out the released vllm-ascend paired with the installed vLLM (or ``--release``) in this environment,
+from the package registry, for ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,24 @@ def _env_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vllm_ascend_command(args: argparse.Namespace) -> int:
+    from . import _sites, _vllm_ascend_release
+
+    release = args.release
+    if release is None:
+        vllm = _sites.installed_vllm()
+        if vllm is None:
+            print("npu_compat.testing: vLLM is not installed here: name a --release", file=sys.stderr)
+            return 2
+        release = _sites.vllm_ascend_release(vllm)
+    if _vllm_ascend_release.is_laid_out(release) and not args.force:
+        print(f"vllm-ascend {release}: laid out in {_vllm_ascend_release.layout_dir(release)}")
+        return 0
+    where = _vllm_ascend_release.lay_out(release)
+    print(f"vllm-ascend {release}: laid out in {where}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m npu_compat.testing", description=__doc__.split("\n\n")[0]
@@ -93,16 +113,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     env.add_argument("--devices", type=int, default=2, help="simulated NPUs (default 2)")
     env.add_argument("--dotenv", action="store_true", help="NAME=VALUE lines instead of `export` lines")
     env.add_argument("--no-vllm-platform", action="store_true", help="leave vllm-ascend's distribution out")
+    release = commands.add_parser(
+        "vllm-ascend", help="lay out the released vllm-ascend's Python here, from the package registry"
+    )
+    release.add_argument("--release", help="the release (default: the one the installed vLLM pairs with)")
+    release.add_argument("--force", action="store_true", help="lay it out again even if it is there")
     args = parser.parse_args(argv)
+    run = {"cluster": _cluster, "env": _env_command, "vllm-ascend": _vllm_ascend_command}[args.command]
     try:
-        return _cluster(args) if args.command == "cluster" else _env_command(args)
+        return run(args)
     except FileNotFoundError as exc:  # no `ray` executable: Ray is not installed here
         print(
             f"npu_compat.testing: {exc.filename or exc}: not found; the cluster needs Ray installed",
             file=sys.stderr,
         )
         return 2
-    except (ValueError, RuntimeError, TimeoutError) as exc:
+    except (ValueError, RuntimeError, TimeoutError, LookupError, OSError) as exc:
         print(f"npu_compat.testing: {exc}", file=sys.stderr)
         return 2
 

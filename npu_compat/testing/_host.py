@@ -33,7 +33,11 @@ def is_simulated(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def simulation_env(
-    devices: int = 2, environ: Mapping[str, str] | None = None, *, vllm_platform: bool | None = None
+    devices: int = 2,
+    environ: Mapping[str, str] | None = None,
+    *,
+    vllm_platform: bool | None = None,
+    vllm_ascend: str | None = None,
 ) -> dict[str, str]:
     """The environment variables that make a process, and its children, a simulated Ascend host.
 
@@ -41,13 +45,19 @@ def simulation_env(
     NPUs (unless ``ASCEND_RT_VISIBLE_DEVICES`` already names some), the stand-ins' directories first on
     ``PYTHONPATH``.  ``vllm_platform=False`` leaves vllm-ascend's distribution out (vLLM then finds no
     platform plugin, as on a host without vllm-ascend); None keeps ``environ``'s setting (default on).
-    Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
+    ``vllm_ascend="real"`` runs the released vllm-ascend's own Python (laid out by ``python -m
+    npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's copy; None keeps ``environ``'s setting
+    (default the stand-in).  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
     """
     env = dict(os.environ if environ is None else environ)
     env[_env.SIMULATE] = "1"
     env[_env.SIMULATE_DEVICES] = str(devices)
     if vllm_platform is not None:
         env[_env.SIMULATE_VLLM_PLATFORM] = "1" if vllm_platform else "0"
+    if vllm_ascend is not None:
+        if vllm_ascend not in _env.VLLM_ASCEND_KINDS:
+            raise ValueError(f"vllm_ascend={vllm_ascend!r}: one of {', '.join(_env.VLLM_ASCEND_KINDS)}")
+        env[_env.SIMULATE_VLLM_ASCEND] = vllm_ascend
     env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
     env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
     ours = all_sites()

@@ -12,6 +12,11 @@ A simulated process has two directories first on ``sys.path`` (and its children 
   one of its processes).  Without vLLM there is none: the real vllm-ascend cannot be imported
   without it either.
 
+With ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real`` the first directory is instead the released vllm-ascend
+laid out in this environment (:mod:`._vllm_ascend_release`: its own ``vllm_ascend`` package and
+distribution), then :data:`SIM_SITE`, whose ``torch_npu`` and ``acl`` (CANN's pyACL) stand in for what the
+release needs below its Python, then :data:`TORCHAIR_SITE` (``torchair``, which vllm-ascend 0.18.0 imports).
+
 ``importlib.metadata`` then sees ``torch_npu`` and ``vllm-ascend`` installed, each with its version.
 ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM=0`` (``simulation_env(vllm_platform=False)``) leaves the
 vllm-ascend distribution out: the stand-in stays importable, but vLLM finds no platform plugin --
@@ -28,9 +33,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import _env
+from ._vllm_ascend_release import RELEASES, is_laid_out, layout_dir
 
 #: The stand-ins' import packages and torch_npu's distribution.
 SIM_SITE = Path(__file__).resolve().with_name("_sim_site")
+#: ``torchair`` as far as the real vllm-ascend needs it, on the path of a process that runs that package only.
+#: On a real host torch_npu itself installs ``torchair`` (it ships inside it) when torch is imported; here it
+#: would also turn npu-compat's torch.compile patch off (it stands down where an Ascend compiler backend is
+#: installed) for every simulated process, with no compiler behind it.
+TORCHAIR_SITE = Path(__file__).resolve().with_name("_sim_site_torchair")
 #: One directory per vllm-ascend release played, each holding that release's distribution only.
 SIM_DISTS = Path(__file__).resolve().with_name("_sim_dists")
 
@@ -63,15 +74,36 @@ def vllm_platform_on(environ: Mapping[str, str]) -> bool:
     return not _env.is_false(environ.get(_env.SIMULATE_VLLM_PLATFORM))
 
 
+def runs_real_vllm_ascend(environ: Mapping[str, str]) -> bool:
+    """True when ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` asks for the released package's own Python."""
+    return environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() == "real"
+
+
 def sites(environ: Mapping[str, str]) -> list[Path]:
-    """The directories a simulated process puts first on its path, in order."""
-    out = [SIM_SITE]
+    """The directories a simulated process puts first on its path, in order.
+
+    With the real vllm-ascend, its laid-out release comes first (its ``vllm_ascend`` and its
+    distribution), then the simulation's site, whose ``torch_npu``, ``acl`` and ``torchair`` stand in for
+    what the release needs below its Python.  Raises :class:`RuntimeError` when that release is not laid
+    out in this environment, saying how to lay it out."""
     vllm = installed_vllm() if vllm_platform_on(environ) else None
-    if vllm is not None:
-        out.append(SIM_DISTS / f"vllm-ascend-{vllm_ascend_release(vllm)}")
-    return out
+    if vllm is None:
+        return [SIM_SITE]
+    release = vllm_ascend_release(vllm)
+    if runs_real_vllm_ascend(environ):
+        if not is_laid_out(release):
+            raise RuntimeError(
+                f"{_env.SIMULATE_VLLM_ASCEND}=real: vllm-ascend {release} (the release vLLM {vllm} "
+                f"pairs with) is not laid out in this environment "
+                f"({layout_dir(release)}); "
+                f"run `python -m npu_compat.testing vllm-ascend` once"
+            )
+        return [layout_dir(release), SIM_SITE, TORCHAIR_SITE]
+    return [SIM_SITE, SIM_DISTS / f"vllm-ascend-{release}"]
 
 
 def all_sites() -> set[str]:
     """Every directory :func:`sites` can return, as strings: what a fresh choice replaces."""
-    return {str(SIM_SITE), *(str(p) for p in SIM_DISTS.iterdir() if p.is_dir())}
+    real = (layout_dir(version) for version in RELEASES)
+    dists = (p for p in SIM_DISTS.iterdir() if p.is_dir())
+    return {str(SIM_SITE), str(TORCHAIR_SITE), *(str(p) for p in dists), *(str(p) for p in real)}

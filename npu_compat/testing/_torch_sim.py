@@ -38,6 +38,7 @@ from .. import _env
 from ._boundary import SimulatedComputeBoundary, needs_npu
 from ._npu_backend import failure as backend_failure
 from ._npu_backend import load as load_backend
+from ._npu_graphs import NAMES as _GRAPH_NAMES
 
 __all__ = [
     "CALLS",
@@ -255,6 +256,11 @@ class Stream(torch.Stream):  # type: ignore[misc]
         where = torch.device("npu", _index(device))
         return super().__new__(cls, device=where, priority=priority)  # type: ignore[no-any-return]
 
+    @property
+    def npu_stream(self) -> int:
+        """The stream's handle (torch_npu gives the ``aclrtStream`` address; the id names it here)."""
+        return int(self.stream_id)
+
     @classmethod
     def _of(cls, stream: Any) -> Stream:
         return cls(
@@ -262,11 +268,17 @@ class Stream(torch.Stream):  # type: ignore[misc]
         )
 
 
+#: torch's own event class: vllm-ascend sets ``torch.Event = torch.npu.Event`` for good, and an event is
+#: still made of this one (whose C++ methods take only their own type).
+_TORCH_EVENT = torch.Event
+
+
 class Event:
-    """``torch.npu.Event(...)``: a ``torch.Event`` on ``npu`` (recorded at once; timing is host time)."""
+    """``torch.npu.Event(...)``: a ``torch.Event`` on the current ``npu`` device (recorded at once; timing
+    is host time)."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Any:
-        return torch.Event(
+        return _TORCH_EVENT(
             device=torch.device("npu", _index()), enable_timing=enable_timing, blocking=blocking,
             interprocess=interprocess,
         )  # fmt: skip
@@ -509,7 +521,53 @@ def _build_module() -> types.ModuleType:
     npu.device = device  # type: ignore[attr-defined]
     npu.calls = CALLS  # type: ignore[attr-defined]
     npu.call_count = call_count  # type: ignore[attr-defined]
+    npu.config = _Config()  # type: ignore[attr-defined]
+    for name, value in _GRAPH_NAMES.items():
+        setattr(npu, name, value)
+    npu.memory = _memory_module(npu)  # type: ignore[attr-defined]
     return npu
+
+
+class _Config:
+    """``torch.npu.config`` (torch_npu's ``_npuConfig``): ``allow_internal_format`` lets operators choose
+    the device's private formats (NZ); the simulated device keeps every tensor in ND, as with it off."""
+
+    allow_internal_format = False
+
+
+#: ``torch.npu.memory``'s functions that the device module also has (torch_npu star-imports them).
+_MEMORY_FUNCTIONS = (
+    "empty_cache", "mem_get_info", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated",
+    "set_per_process_memory_fraction",
+)  # fmt: skip
+
+
+def _memory_module(npu: types.ModuleType) -> types.ModuleType:
+    """``torch.npu.memory``: the memory functions, and the pluggable allocator's names (not simulated
+    yet: constructing one is the compute boundary)."""
+    memory = types.ModuleType("torch.npu.memory", "SIMULATED torch.npu.memory (npu_compat.testing)")
+    for name in _MEMORY_FUNCTIONS:
+        setattr(memory, name, getattr(npu, name))
+
+    class NPUPluggableAllocator:
+        def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str) -> None:
+            raise needs_npu(
+                "torch.npu.memory.NPUPluggableAllocator", "a pluggable allocator is not simulated yet"
+            )
+
+    class MemPool:
+        def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False) -> None:
+            raise needs_npu("torch.npu.memory.MemPool", "a memory pool is not simulated yet")
+
+    def use_mem_pool(pool: Any, device: Any = None) -> Any:
+        raise needs_npu("torch.npu.memory.use_mem_pool", "a memory pool is not simulated yet")
+
+    for value in (NPUPluggableAllocator, MemPool, use_mem_pool):
+        value.__module__ = memory.__name__
+        setattr(memory, value.__name__, value)
+        setattr(npu, value.__name__, value)
+    return memory
 
 
 npu = _build_module()
@@ -658,6 +716,10 @@ def cover_early_autograd() -> bool:
     return True
 
 
+def _is_hccl_available() -> bool:
+    return True
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     global NATIVE
@@ -692,3 +754,6 @@ def install() -> None:
         # a plain "hccl" group takes CPU tensors too.  "cpu:gloo,npu:hccl" still sends CPU
         # tensors to gloo, as on a real host.
         dist.Backend.register_backend("hccl", _create_hccl, devices=["npu", "cpu"])
+    if dist.is_available():
+        # torch_npu adds torch.distributed.is_hccl_available (its _init/patches/distributed_patches.py)
+        dist.is_hccl_available = _is_hccl_available

@@ -19,17 +19,27 @@ def _autoload() -> None:
 
 _autoload()
 
-from . import npu, optim, profiler  # noqa: E402  (the real package's submodules)
+from . import _C, npu, op_plugin, optim, profiler  # noqa: E402  (the real package's submodules)
 
-__all__ = ["SIMULATED", "__version__", "npu", "optim", "profiler"]
+__all__ = ["SIMULATED", "_C", "__version__", "npu", "op_plugin", "optim", "profiler"]
 
 
 def __getattr__(name: str) -> object:
     """``torch_npu.npu_*`` fused kernels: importable (transformers, verl and vLLM import them when
-    torch_npu is present).  Those that ``npu_compat.testing._npu_kernels`` computes in plain torch
-    are served from there, their calls counted (``torch.npu.call_count("torch_npu.<name>")``, and in the
-    process's report);
-    calling any other is the compute boundary of the simulation."""
+    torch_npu is present).  Those registered as ``torch.library`` operators by
+    ``npu_compat.testing._npu_ops`` (the ones vllm-ascend's eager path calls) are served as the real
+    package serves them, the operator packet itself (``.default``, ``.out``); those that
+    ``npu_compat.testing._npu_kernels`` computes in plain torch are served from there, their calls counted
+    (``torch.npu.call_count("torch_npu.<name>")``, and in the process's report); calling any other is the
+    compute boundary of the simulation."""
+    from npu_compat.testing._npu_ops import TORCH_NPU_NAMES
+
+    if name in TORCH_NPU_NAMES:
+        from npu_compat.testing._npu_ops import torch_npu_names
+
+        operator = torch_npu_names()[name]
+        globals()[name] = operator
+        return operator
     if name.startswith("npu_"):
         from npu_compat.testing._npu_kernels import KERNELS, VARIANTS
         from npu_compat.testing._torch_sim import compute_boundary, counted

@@ -1,0 +1,20 @@
+"""SIMULATED torch_npu._C (npu_compat.testing): the names of torch_npu's compiled core Python reaches.
+
+The real ``_C`` is torch_npu's C++ extension.  Here: the graph task-group handle type, the weak tensor
+reference vllm-ascend keeps of graph outputs, and ``_distributed_c10d`` (HCCL process-group options).
+"""
+
+import torch
+
+from npu_compat.testing._npu_graphs import _NPUTaskGroupHandle
+
+from . import _distributed_c10d
+
+
+def _weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor on ``tensor``'s memory.  torch_npu's does not keep that memory alive; this one does (a
+    view): the simulation is kinder here, which only matters to a graph's outputs (no graph mode yet)."""
+    return tensor.view(tensor.shape)
+
+
+__all__ = ["_NPUTaskGroupHandle", "_distributed_c10d", "_weak_ref_tensor"]

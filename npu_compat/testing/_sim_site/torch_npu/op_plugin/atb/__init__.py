@@ -1,0 +1,1 @@
+"""SIMULATED torch_npu.op_plugin.atb (npu_compat.testing)."""

@@ -1,0 +1,44 @@
+# Mirrors upstream code as it is (unannotated); torch_npu ships no stubs for mypy here.
+# mypy: disable-error-code="no-untyped-def,no-untyped-call,misc"
+"""SIMULATED torchair (npu_compat.testing): the names vllm-ascend imports; GE compilation is the boundary.
+
+The real torchair ships inside torch_npu (``torch_npu/dynamo/torchair``, importable as ``torchair``): a
+torch.compile backend that lowers FX graphs to CANN's graph engine (GE), through compiled modules
+(``core/_torchair.so``, ``_npu_graph_executor.so``) that cannot load here.  vllm-ascend 0.18.0 imports it at
+module level and patches ``core._concrete_graph.ValuePack``, ``npu_fx_compiler`` and ``fx_summary``
+(``patch/worker/patch_npugraph_ex_triton.py``); those modules' Python that it touches is torch_npu
+2.13.0's.  Compiling a graph for the device (:func:`get_npu_backend`) and registering GE replacement
+patterns are the compute boundary.  It is on the path of a simulated process that runs the real
+vllm-ascend only (``npu_compat.testing._sites``).
+"""
+
+from npu_compat.testing._boundary import needs_npu
+
+from . import core, fx_summary, npu_fx_compiler
+
+_WHY = "torchair compiles for CANN's graph engine: run the engine with enforce_eager"
+
+
+class CompilerConfig:
+    """``torchair.CompilerConfig``: options the caller sets before :func:`get_npu_backend`."""
+
+    def __init__(self) -> None:
+        self.mode = "max-autotune"
+
+
+def get_npu_backend(*, compiler_config=None):
+    raise needs_npu("torchair.get_npu_backend", _WHY)
+
+
+def register_replacement(*args, **kwargs):
+    raise needs_npu("torchair.register_replacement", _WHY)
+
+
+__all__ = [
+    "CompilerConfig",
+    "core",
+    "fx_summary",
+    "get_npu_backend",
+    "npu_fx_compiler",
+    "register_replacement",
+]

@@ -1,0 +1,227 @@
+"""The released vllm-ascend's own Python on the simulated Ascend (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``).
+
+The stack sessions lay out the release paired with the stack's vLLM (``python -m npu_compat.testing
+vllm-ascend``: 0.23.0.post1 with vLLM 0.23, 0.18.0 with vLLM 0.18), from the registry and checked against
+its pinned SHA-256.  A simulated process then imports that package, not npu-compat's stand-in; what it needs
+below its Python (torch_npu's core and ops, pyACL, torchair, the compiled ``vllm_ascend_C``) is the
+simulation's.  These tests read what a user of the simulation would see: the package that is imported, its
+worker and model runner, and what an engine on it generates.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npu_compat.testing import _sites, _vllm_ascend_release
+from tests.conftest import run_py
+from tests.sim.npu_backend import free_port, needs_backend, sim_env
+
+VLLM = _sites.installed_vllm()
+RELEASE = _sites.vllm_ascend_release(VLLM) if VLLM else None
+REAL = {"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"}
+
+pytestmark = [
+    pytest.mark.skipif(VLLM is None, reason="needs vllm (installed by the upstream stack sessions)"),
+    pytest.mark.skipif(
+        RELEASE is not None and not _vllm_ascend_release.is_laid_out(RELEASE),
+        reason=f"vllm-ascend {RELEASE} is not laid out here (the stack sessions run "
+        "`python -m npu_compat.testing vllm-ascend`)",
+    ),
+]
+
+
+def real_run(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
+    """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend; what it printed last, as JSON."""
+    env = sim_env(devices, **REAL, VLLM_ASCEND_ENABLE_NZ="0", **extra)
+    path = [str(p) for p in _sites.sites(env)]
+    proc = run_py(code, env=env, pythonpath=path, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # vLLM logs after it
+    assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[-1])
+
+
+def test_the_laid_out_release_is_the_pinned_one_without_its_compiled_files() -> None:
+    assert RELEASE is not None
+    where = _vllm_ascend_release.layout_dir(RELEASE)
+    dist = importlib.metadata.Distribution.at(where / f"vllm_ascend-{RELEASE}.dist-info")
+    assert dist.version == RELEASE
+    groups = {ep.group for ep in dist.entry_points}
+    assert {"vllm.platform_plugins", "vllm.general_plugins"} <= groups
+    assert [ep.value for ep in dist.entry_points.select(group="vllm.platform_plugins")] == [
+        "vllm_ascend:register"
+    ]
+    compiled = [p for p in (where / "vllm_ascend").rglob("*") if p.suffix == ".so"]
+    assert compiled == []
+    assert (where / "vllm_ascend" / "_build_info.py").read_text().rstrip().endswith("__device_type__ = 'A2'")
+    # the release's own Python, not a copy of ours: the stand-in's marker is not in it
+    assert "SIMULATED" not in (where / "vllm_ascend" / "__init__.py").read_text()
+
+
+def test_a_simulated_process_imports_the_real_worker_and_model_runner() -> None:
+    seen = real_run(
+        """
+        import json
+        import vllm_ascend
+        from vllm_ascend.worker.worker import NPUWorker
+        from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+        from vllm_ascend.worker.npu_input_batch import NPUInputBatch
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        from vllm.v1.worker.gpu_input_batch import InputBatch
+        from vllm.platforms import current_platform
+        import importlib.metadata, inspect
+        print(json.dumps({
+            "file": vllm_ascend.__file__,
+            "simulated": hasattr(vllm_ascend, "SIMULATED"),
+            "version": importlib.metadata.version("vllm-ascend"),
+            "runner_is_gpu_runner": issubclass(NPUModelRunner, GPUModelRunner),
+            "input_batch_is_input_batch": issubclass(NPUInputBatch, InputBatch),
+            "prompt_logprobs_field": "in_progress_prompt_logprobs_cpu" in inspect.getsource(NPUInputBatch.__init__),
+            "platform": type(current_platform).__module__ + "." + type(current_platform).__name__,
+            "worker_module": NPUWorker.__module__,
+        }))
+        """
+    )
+    assert RELEASE is not None
+    assert Path(seen["file"]).is_relative_to(_vllm_ascend_release.layout_dir(RELEASE))
+    assert seen["simulated"] is False
+    assert seen["version"] == RELEASE
+    assert seen["runner_is_gpu_runner"] and seen["input_batch_is_input_batch"]
+    assert seen["prompt_logprobs_field"]
+    assert seen["platform"] == "vllm_ascend.platform.NPUPlatform"
+    assert seen["worker_module"] == "vllm_ascend.worker.worker"
+
+
+def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path) -> None:
+    """A simulated process asked for the real package where none is laid out stops, naming the command."""
+    proc = run_py(
+        """
+        import sys
+        from npu_compat.testing import _vllm_ascend_release, simulation_env
+        _vllm_ascend_release.layout_dir = lambda version, prefix=None: __import__("pathlib").Path(sys.argv[-1])
+        try:
+            simulation_env(1, vllm_ascend="real")
+        except RuntimeError as exc:
+            print(exc)
+        """.replace("sys.argv[-1]", repr(str(tmp_path / "none"))),
+        env=sim_env(1),
+        check=True,
+    )
+    assert "python -m npu_compat.testing vllm-ascend" in proc.stdout
+    assert f"vllm-ascend {RELEASE}" in proc.stdout
+
+
+@needs_backend
+@pytest.mark.many_processes
+@pytest.mark.skipif(
+    RELEASE == "0.23.0.post1",
+    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
+    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
+)
+def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates() -> None:
+    """Greedy tokens of a tiny Qwen2 through vLLM's engine on the real ``NPUWorker``/``NPUModelRunner``
+    (eager), equal to transformers' on the same weights: prefill, decode, a prompt prefilled in chunks
+    (130 tokens, 64 a step), and one that shares a cached prefix with an earlier one."""
+    seen = real_run(
+        """
+        import json, os, tempfile
+        import torch
+        from tests.e2e.tiny_model import make_tiny_model
+
+        def main():
+            tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+            from vllm import LLM, SamplingParams
+            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
+                      gpu_memory_utilization=0.3, distributed_executor_backend="mp", enable_prefix_caching=True,
+                      max_num_batched_tokens=64)  # a longer prompt is prefilled in chunks
+            prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
+            greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+            out = [list(r.outputs[0].token_ids) for r in llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)]
+            # a prompt whose first 128 tokens (a whole KV block: vllm-ascend's block size) were computed
+            # before: a prefix-cache hit
+            shared = [4 + i % 40 for i in range(130)]
+            llm.generate([{"prompt_token_ids": shared + [30]}], greedy, use_tqdm=False)
+            hit = llm.generate([{"prompt_token_ids": shared + [31, 32]}], greedy, use_tqdm=False)[0]
+            prompts.append(shared + [31, 32])
+            out.append(list(hit.outputs[0].token_ids))
+            from transformers import AutoModelForCausalLM
+            hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+            hf.generation_config.eos_token_id = None  # vLLM's ignore_eos: past the end-of-text token
+            ref = [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
+            print(json.dumps({"vllm": out, "transformers": ref, "cached": hit.num_cached_tokens}))
+
+        if __name__ == "__main__":
+            main()
+        """,
+        timeout=900,
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_PORT=str(free_port()),
+    )
+    assert seen["vllm"] == seen["transformers"]
+    assert seen["cached"] >= 128
+
+
+def _trinity() -> str | None:
+    try:
+        return importlib.metadata.version("trinity-rft")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@needs_backend
+@pytest.mark.many_processes
+@pytest.mark.uses_verl  # Trinity's WorkerExtension.apply_patches imports verl's vLLM patch
+@pytest.mark.skipif(
+    not (_trinity() or "").startswith("0.5.") or RELEASE != "0.18.0",
+    reason="Trinity 0.5's prompt-logprob patch (vLLM 0.10.2 to 0.19) on vllm-ascend 0.18.0: stack c",
+)
+def test_trinitys_prompt_logprob_patch_runs_on_the_real_model_runner() -> None:
+    """Trinity 0.5.2's ``WorkerExtension.apply_patches`` rebinds the model runner's
+    ``_get_prompt_logprobs_dict`` (``vllm_patch/worker_patch.py``), reading the real ``NPUInputBatch``'s
+    ``in_progress_prompt_logprobs_cpu`` and ``req_id_to_index``, and divides the logits by the request's
+    temperature: the prompt logprobs are then transformers' log-softmax of logits / temperature."""
+    seen = real_run(
+        """
+        import json, os, tempfile
+        import torch
+        from tests.e2e.tiny_model import make_tiny_model
+
+        def main():
+            tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+            from vllm import LLM, SamplingParams
+            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=64, seed=0,
+                      gpu_memory_utilization=0.3, distributed_executor_backend="mp",
+                      worker_extension_cls="trinity.common.models.vllm_worker.WorkerExtension")
+            llm.collective_rpc("apply_patches")
+            prompt = [5, 6, 7, 8, 9, 10, 11]
+            res = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+                temperature=0.5, max_tokens=2, prompt_logprobs=0, ignore_eos=True), use_tqdm=False)[0]
+            got = [None if s is None else s[prompt[i]].logprob for i, s in enumerate(res.prompt_logprobs)]
+            from transformers import AutoModelForCausalLM
+            hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+            with torch.no_grad():
+                logits = hf(torch.tensor([prompt])).logits[0, :-1]
+            scaled = torch.log_softmax(logits / 0.5, -1)
+            plain = torch.log_softmax(logits, -1)
+            targets = torch.tensor(prompt[1:])
+            print(json.dumps({"vllm": got,
+                              "scaled": scaled[torch.arange(len(targets)), targets].tolist(),
+                              "plain": plain[torch.arange(len(targets)), targets].tolist()}))
+
+        if __name__ == "__main__":
+            main()
+        """,
+        timeout=900,
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_PORT=str(free_port()),
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+    )
+    assert seen["vllm"][0] is None
+    assert seen["vllm"][1:] == pytest.approx(seen["scaled"], abs=1e-4)
+    assert seen["vllm"][1:] != pytest.approx(seen["plain"], abs=1e-4)  # Trinity's temperature, not vLLM's own
