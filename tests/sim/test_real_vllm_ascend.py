@@ -122,10 +122,16 @@ def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path
     reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
     "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
 )
-def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates() -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
     """Greedy tokens of a tiny Qwen2 through vLLM's engine on the real ``NPUWorker``/``NPUModelRunner``
     (eager), equal to transformers' on the same weights: prefill, decode, a prompt prefilled in chunks
-    (130 tokens, 64 a step), and one that shares a cached prefix with an earlier one."""
+    (130 tokens, 64 a step), and one that shares a cached prefix with an earlier one; at tensor parallel 1
+    and 2 (vLLM's multiprocess executor, one worker per simulated NPU, the TP group on the simulated hccl).
+
+    Each simulated NPU has 4 GiB here: vLLM sizes the KV cache from the device's free memory, and at a
+    910B's 64 GiB a tiny model's cache is some 10^8 tokens, whose host-side bookkeeping in two workers
+    and the engine core outgrows this machine."""
     seen = real_run(
         """
         import json, os, tempfile
@@ -137,7 +143,8 @@ def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates
             from vllm import LLM, SamplingParams
             llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
                       gpu_memory_utilization=0.3, distributed_executor_backend="mp", enable_prefix_caching=True,
-                      max_num_batched_tokens=64)  # a longer prompt is prefilled in chunks
+                      max_num_batched_tokens=64,  # a longer prompt is prefilled in chunks
+                      tensor_parallel_size=int(os.environ["TP"]))
             prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
             greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
             out = [list(r.outputs[0].token_ids) for r in llm.generate(
@@ -160,6 +167,9 @@ def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates
             main()
         """,
         timeout=900,
+        devices=tp,
+        TP=str(tp),
+        NPU_COMPAT_SIMULATE_NPU_MEMORY="4GiB",
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
         VLLM_PORT=str(free_port()),
     )
