@@ -80,7 +80,15 @@ from typing import Any
 import torch
 
 from ._boundary import needs_npu
-from ._npu_kernels import _band, _check_compressed_mask
+from ._npu_kernels import (
+    _COMPRESSED_MASK,
+    _MAX_TOKENS,
+    _attend,
+    _band,
+    _check_compressed_mask,
+    _from_bnsd,
+    _to_bnsd,
+)
 
 __all__ = [
     "ATB_NAMES",
@@ -90,9 +98,6 @@ __all__ = [
     "register",
     "torch_npu_names",
 ]
-
-_MAX_TOKENS = 2147483647
-_COMPRESSED_MASK = 2048
 
 # --------------------------------------------------------------------------- the schemas
 
@@ -432,24 +437,10 @@ def _attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, N, Sq, D] queries on [B, Nkv, Skv, D] keys/values (query head h reads kv head h // (N/Nkv)):
     the output [B, N, Sq, Dv] in q's dtype and the float32 log-sum-exp [B, N, Sq]; fully masked rows
-    give zeros (and -inf)."""
-    b, n, sq, d = q.shape
-    nkv, skv = k.shape[1], k.shape[2]
-    if skv == 0:
-        return q.new_zeros(b, n, sq, v.shape[-1]), torch.full((b, n, sq), -math.inf, device=q.device)
-    group = n // nkv
-    compute = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(
-        q.reshape(b, nkv, group, sq, d).to(compute), k.unsqueeze(2).to(compute).transpose(-1, -2)
-    )
-    scores = scores.reshape(b, n, sq, skv) * scale
-    if mask is not None:
-        scores = scores.masked_fill(mask, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1)
-    probs = torch.exp(scores - safe)  # a fully masked row: exp(-inf) = 0 everywhere
-    out = torch.matmul(probs.reshape(b, nkv, group, sq, skv), v.unsqueeze(2).to(compute))
-    return out.reshape(b, n, sq, v.shape[-1]).to(q.dtype), lse.float()
+    give zeros (and -inf).  The attention of ``npu_fusion_attention``, whose row max and sum make the
+    log-sum-exp."""
+    out, row_max, row_sum = _attend(q, k, v, scale, None, mask)
+    return out, row_max + torch.log(row_sum)
 
 
 def _paged(
@@ -560,20 +551,11 @@ def _tnd(
     return torch.cat(outs).contiguous(), torch.cat(lses).unsqueeze(-1).contiguous()
 
 
-def _to_bnsd(x: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
-    if layout == "BNSD":
-        return x
-    if layout == "BSND":
-        return x.transpose(1, 2)
-    b, s, h = x.shape  # BSH
-    return x.reshape(b, s, heads, h // heads).transpose(1, 2)
-
-
 def _dense(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, o: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     layout, n, nkv = o["input_layout"], int(o["num_heads"]), _kv_heads(o)
-    q, k, v = _to_bnsd(query, layout, n), _to_bnsd(key, layout, nkv), _to_bnsd(value, layout, nkv)
+    q, k, v = (_to_bnsd(x, layout, heads, None) for x, heads in ((query, n), (key, nkv), (value, nkv)))
     if q.shape[1] != n or k.shape[1] != nkv:
         raise ValueError(
             f"npu_fused_infer_attention_score: query/key have {q.shape[1]}/{k.shape[1]} heads, "
@@ -603,11 +585,7 @@ def _dense(
     elif mode == 1:
         raise ValueError("npu_fused_infer_attention_score: sparse_mode=1 needs the full atten_mask")
     out, lse = _attention(q, k, v, float(o["scale"]), block)
-    if layout == "BSND":
-        out = out.transpose(1, 2)
-    elif layout == "BSH":
-        out = out.transpose(1, 2).reshape(b, sq, -1)
-    return out.contiguous(), lse.unsqueeze(-1).contiguous()
+    return _from_bnsd(out, layout).contiguous(), lse.unsqueeze(-1).contiguous()
 
 
 def _fia_compute(
