@@ -83,9 +83,10 @@ def sites(environ: Mapping[str, str]) -> list[Path]:
     """The directories a simulated process puts first on its path, in order.
 
     With the real vllm-ascend, its laid-out release comes first (its ``vllm_ascend`` and its
-    distribution), then the simulation's site, whose ``torch_npu``, ``acl`` and ``torchair`` stand in for
-    what the release needs below its Python.  Raises :class:`RuntimeError` when that release is not laid
-    out in this environment, saying how to lay it out."""
+    distribution), then the simulation's site, whose ``torch_npu`` and ``acl`` stand in for what the
+    release needs below its Python, then ``torchair`` (:data:`TORCHAIR_SITE`).  Raises
+    :class:`RuntimeError` when that release is not laid out in this environment, saying how to lay it
+    out."""
     vllm = installed_vllm() if vllm_platform_on(environ) else None
     if vllm is None:
         return [SIM_SITE]

@@ -176,8 +176,9 @@ def lay_out(version: str, *, index: str | None = None, data: bytes | None = None
     release = RELEASES.get(version)
     if release is None:
         raise ValueError(f"vllm-ascend {version}: not a release the simulation knows ({', '.join(RELEASES)})")
-    data = download(release, index) if data is None else data
-    if hashlib.sha256(data).hexdigest() != release.sha256:
+    if data is None:
+        data = download(release, index)  # checked there, naming where it came from
+    elif hashlib.sha256(data).hexdigest() != release.sha256:
         raise ValueError(f"{release.filename}: not the pinned file (SHA-256 differs)")
     files, meta = _members(release, data)
     if "entry_points.txt" not in meta or "METADATA" not in meta:

@@ -32,14 +32,13 @@ def __getattr__(name: str) -> object:
     ``npu_compat.testing._npu_kernels`` computes in plain torch are served from there, their calls counted
     (``torch.npu.call_count("torch_npu.<name>")``, and in the process's report); calling any other is the
     compute boundary of the simulation."""
-    from npu_compat.testing._npu_ops import TORCH_NPU_NAMES
+    if name.startswith(("npu_", "_npu_")):  # only a kernel's name is looked up (nothing is imported else)
+        from npu_compat.testing._npu_ops import TORCH_NPU_NAMES, torch_npu_names
 
-    if name in TORCH_NPU_NAMES:
-        from npu_compat.testing._npu_ops import torch_npu_names
-
-        operator = torch_npu_names()[name]
-        globals()[name] = operator
-        return operator
+        if name in TORCH_NPU_NAMES:
+            operator = torch_npu_names()[name]
+            globals()[name] = operator
+            return operator
     if name.startswith("npu_"):
         from npu_compat.testing._npu_kernels import KERNELS, VARIANTS
         from npu_compat.testing._torch_sim import compute_boundary, counted
