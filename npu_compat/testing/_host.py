@@ -79,12 +79,15 @@ def _refuse_other_device_count(env: Mapping[str, str]) -> None:
     if native is None:
         return
     wanted = torch_sim.device_count_from_env(env)  # type: ignore[union-attr]
+    if not native.devices_counted():
+        native.set_physical_count(torch_sim.host_device_count(env))  # type: ignore[union-attr]
+        return  # no device used yet: the runtime counts them at the first use, as on a real host
     if native.device_count() != wanted:
         raise RuntimeError(
-            f"this process's torch already has {native.device_count()} simulated NPUs, and torch cannot "
-            f"change the number of a device's devices once it is registered: asked for {wanted}.  "
-            f"Enter the simulation with the same number here, or run the code that needs {wanted} NPUs "
-            f"in a child process with simulation_env({wanted})"
+            f"this process already used its {native.device_count()} simulated NPUs, and a runtime counts "
+            f"its devices once, at their first use: asked for {wanted}.  Enter the simulation with the "
+            f"same number here, or run the code that needs {wanted} NPUs in a child process with "
+            f"simulation_env({wanted})"
         )
 
 

@@ -58,7 +58,7 @@ CALLS: list[tuple[str, tuple[Any, ...]]] = []
 _COUNTS: collections.Counter[str] = collections.Counter()
 _LOCK = threading.Lock()
 _GIB = 1 << 30
-TOTAL_MEMORY = 64 * _GIB  # an Ascend 910B3 has 64 GiB of HBM
+TOTAL_MEMORY = _env.SIMULATED_NPU_MEMORY  # an Ascend 910B3 has 64 GiB of HBM
 DEVICE_NAME = "Ascend910B3 (simulated)"
 
 #: The C++ backend once :func:`install` loaded it; ``None`` at the compute boundary.
@@ -146,17 +146,48 @@ def call_count(name: str) -> int:
     return _COUNTS[name]
 
 
-def device_count_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """The simulated NPUs a process with ``environ`` (default: this one's) sees."""
+def host_device_count(environ: Mapping[str, str] | None = None) -> int:
+    """The NPUs the simulated host has (``NPU_COMPAT_SIMULATE_DEVICES``, default 2): what the
+    driver reports, whatever a process is shown of them."""
     env = os.environ if environ is None else environ
-    visible = env.get(_env.ASCEND_VISIBLE_DEVICES, "").strip()
-    if visible:
-        return len([d for d in visible.split(",") if d.strip()])
     raw = env.get(_env.SIMULATE_DEVICES, "2")
     count = _env.parse_count(raw)
     if count is None:
         raise ValueError(f"{_env.SIMULATE_DEVICES}={raw!r}: {_env.COUNT_HINT}")
     return count
+
+
+def visible_device_count(visible: str | None, host_devices: int) -> int:
+    """How many of ``host_devices`` NPUs ``ASCEND_RT_VISIBLE_DEVICES=visible`` (None: unset) shows.
+
+    torch_npu's own reading (``npu/__init__.py``, ``_parse_visible_devices`` and
+    ``_device_count_ascend_hal``): unset shows every device; ids are read up to the first character
+    that is neither a digit nor a comma, and up to an empty element; ids that do not ascend show
+    none; an id past the host's last NPU ends the list.  The backend counts the same way at a
+    process's first use of a device.
+    """
+    if visible is None:
+        return host_devices
+    end = 0
+    while end < len(visible) and (visible[end].isdigit() or visible[end] == ","):
+        end += 1
+    ids: list[int] = []
+    for element in visible[:end].split(",") if end else []:
+        if not element:
+            break
+        ident = int(element)
+        if ids and ident <= ids[-1]:
+            return 0
+        if ident >= host_devices:
+            break
+        ids.append(ident)
+    return len(ids)
+
+
+def device_count_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The simulated NPUs a process with ``environ`` (default: this one's) sees."""
+    env = os.environ if environ is None else environ
+    return visible_device_count(env.get(_env.ASCEND_VISIBLE_DEVICES), host_device_count(env))
 
 
 def memory_capacity_from_env() -> int:
@@ -171,6 +202,11 @@ def memory_capacity_from_env() -> int:
 
 
 _current = threading.local()
+
+
+def _counted() -> bool:
+    """Whether this process used a device yet: the runtime counts the visible NPUs then, once."""
+    return NATIVE is not None and bool(NATIVE.devices_counted())
 
 
 def _index(device: Any = None) -> int:
@@ -305,26 +341,33 @@ def _build_module() -> types.ModuleType:
 
     @_record
     def is_initialized() -> bool:
-        return True
+        return _counted()
 
     @_record
     def init() -> None:
-        pass
+        _lazy_init()
 
     @_record
     def device_count() -> int:
-        return device_count_from_env()
+        # torch_npu's: not fixed before the device's first use, so that ASCEND_RT_VISIBLE_DEVICES
+        # may still change; from then on the count the runtime made
+        if not _counted():
+            return device_count_from_env()
+        _lazy_init()
+        return int(NATIVE.device_count())
 
     @_record
     def current_device() -> int:
+        _lazy_init()
         return _index()
 
     @_record
     def set_device(device: Any) -> None:
         index = _index(device)
-        if not 0 <= index < device_count_from_env():
+        if not 0 <= index < device_count():
             raise RuntimeError(f"simulated torch.npu.set_device: invalid device {index}")
         _set_index(index)
+        _lazy_init()
 
     @_record
     def synchronize(device: Any = None) -> None:
@@ -449,7 +492,7 @@ def _build_module() -> types.ModuleType:
     @_record
     def manual_seed_all(seed: int) -> None:
         if NATIVE is not None:
-            for index in range(device_count_from_env()):
+            for index in range(device_count()):
                 _generator(index).manual_seed(int(seed))
 
     @_record
@@ -460,7 +503,7 @@ def _build_module() -> types.ModuleType:
     @_record
     def seed_all() -> None:
         if NATIVE is not None:
-            for index in range(device_count_from_env()):
+            for index in range(device_count()):
                 _generator(index).seed()
 
     @_record
@@ -477,7 +520,7 @@ def _build_module() -> types.ModuleType:
 
     @_record
     def get_rng_state_all() -> list[torch.Tensor]:
-        return [_generator(i).get_state() for i in range(device_count_from_env())]
+        return [_generator(i).get_state() for i in range(device_count())]
 
     @_record
     def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
@@ -492,7 +535,12 @@ def _build_module() -> types.ModuleType:
         return False
 
     def _lazy_init() -> None:
-        pass
+        # torch_npu's _lazy_init (_npu_init): the runtime counts the visible devices now (unless a
+        # first tensor on npu made it count already), and the default generators are made
+        if NATIVE is not None and not npu.default_generators:
+            npu.default_generators = tuple(  # type: ignore[attr-defined]
+                NATIVE.default_generator(i) for i in range(NATIVE.device_count())
+            )
 
     class device:
         def __init__(self, dev: Any) -> None:
@@ -662,6 +710,8 @@ def _release_autograd_workers() -> None:
     native = NATIVE
     if native is None:
         return
+    if not native.devices_counted():
+        return  # no device was used
     devices = range(native.device_count())
     if any(native.memory_stats(i)["allocation.all.allocated"] for i in devices):
         native.drain_autograd_workers()
@@ -710,7 +760,8 @@ def cover_early_autograd() -> bool:
 
     if NATIVE is None or isinstance(Variable._execution_engine, _CallingThreadEngine):
         return NATIVE is not None
-    if NATIVE.autograd_device_queues() >= NATIVE.device_count():
+    devices = NATIVE.device_count() if NATIVE.devices_counted() else device_count_from_env()
+    if NATIVE.autograd_device_queues() >= devices:
         return False  # made after the npu backend existed: it has a worker for every NPU
     Variable._execution_engine = _CallingThreadEngine(Variable._execution_engine)
     return True
@@ -729,13 +780,11 @@ def install() -> None:
         torch.utils.rename_privateuse1_backend("npu")
     NATIVE = load_backend()
     if NATIVE is not None:
-        NATIVE.set_device_count(device_count_from_env())
+        NATIVE.set_physical_count(host_device_count())
         NATIVE.set_capacity(memory_capacity_from_env())
         npu.Stream = Stream  # type: ignore[attr-defined]
         npu.Event = Event  # type: ignore[attr-defined]
-        npu.default_generators = tuple(  # type: ignore[attr-defined]
-            NATIVE.default_generator(i) for i in range(device_count_from_env())
-        )
+        npu.default_generators = ()  # type: ignore[attr-defined]  # torch_npu's until its first use
         atexit.register(_release_autograd_workers)
         _keep_counts_reported()
     torch._register_device_module("npu", npu)

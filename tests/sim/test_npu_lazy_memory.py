@@ -87,6 +87,50 @@ def test_a_40_gib_npu_tensor_counts_in_full_and_the_host_backs_only_what_is_writ
     assert out["allocated_after_resize_free"] == 0
 
 
+@pytest.mark.same_on_every_stack
+@pytest.mark.skipif(
+    STRICT_OVERCOMMIT, reason="vm.overcommit_memory=2: the host refuses lazy mappings it cannot back"
+)
+@pytest.mark.usefixtures("npu_backend_built")
+@needs_backend
+def test_a_zero_fill_backs_no_pages_and_reads_as_zeros() -> None:
+    """The real ``NPUModelRunner`` makes its KV cache with ``torch.zeros``: a zero-fill gives a large
+    allocation's whole pages back to the host instead of writing them, so it costs what ``torch.empty``
+    costs.  What is read is zeros all the same, also after the pages were written and zeroed again, and
+    at edges that are not whole pages."""
+    out = sim_json(
+        """
+        import json, torch
+
+        def rss():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+
+        torch.ones(4, device="npu:0")
+        base = rss()
+        x = torch.zeros(8 << 30, dtype=torch.uint8, device="npu:0")
+        out = {"rss_after_zeros": rss() - base, "allocated": torch.npu.memory_allocated(0)}
+        x[: 256 << 20].fill_(7)
+        out["rss_after_write"] = rss() - base
+        x[1000 : (256 << 20) - 1000].zero_()       # zeroed again, its edges inside pages
+        out["rss_after_rezero"] = rss() - base
+        head = x[: 256 << 20]
+        out["sevens"] = int((head == 7).sum())
+        out["sum"] = int(head.sum(dtype=torch.int64))
+        out["float_zeros"] = torch.zeros(3, 1 << 20, device="npu:0").abs().sum().item()
+        out["small"] = torch.zeros(5, device="npu:0").tolist()
+        print(json.dumps(out))
+        """,
+        timeout=240,
+    )
+    assert out["rss_after_zeros"] < 32 * MiB and out["allocated"] >= 8 * GiB
+    assert out["rss_after_write"] >= 200 * MiB
+    assert out["rss_after_rezero"] < out["rss_after_write"] - 200 * MiB
+    assert out["sevens"] == 2000 and out["sum"] == 7 * 2000
+    assert out["float_zeros"] == 0.0 and out["small"] == [0.0] * 5
+
+
 # ------------------------------------------------------------------ vLLM's KV cache at 0.9 of the device
 
 needs_vllm = [

@@ -133,6 +133,59 @@ def test_spawned_and_subprocess_children_see_the_same_ascend(tmp_path: Path) -> 
     assert out == {"spawned": [True, 4, False], "sub": [True, 4]}
 
 
+def test_devices_are_counted_at_their_first_use_as_torch_npu_counts_them() -> None:
+    """torch_npu does not fix its device count before the device's first use: a launcher (vLLM's Ray
+    executor) may still set ``ASCEND_RT_VISIBLE_DEVICES`` after ``import torch``.  From the first use
+    on, the count is the runtime's, whatever the variable says later."""
+    out = sim_child(
+        """
+        import json, os
+        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0"
+        import torch
+        seen = {"imported": [torch.npu.device_count(), torch.npu.is_initialized()]}
+        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "2,3"
+        seen["changed"] = [torch.npu.device_count(), torch.npu.is_initialized()]
+        torch.npu.set_device(1)
+        x = torch.ones(2, device="npu:1") * 3
+        seen["used"] = [torch.npu.device_count(), torch.npu.is_initialized(), len(torch.npu.default_generators),
+                        x.cpu().tolist()]
+        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1,2,3"
+        seen["after"] = torch.npu.device_count()
+        try:
+            torch.ones(1, device="npu:2")
+        except RuntimeError as exc:
+            seen["third"] = str(exc).splitlines()[0]
+        print(json.dumps(seen))
+        """,
+        devices=4,
+    )
+    assert out["imported"] == [1, False]
+    assert out["changed"] == [2, False]
+    assert out["used"] == [2, True, 2, [3.0, 3.0]]
+    assert out["after"] == 2
+    assert "invalid device npu:2 (2 visible)" in out["third"]
+
+
+VISIBLE = [None, "", "0", "0,1", "1,0", "0,,1", "0,1x,2", "3,4,5", "0,5", "abc", "2,3", "1,1"]
+
+
+def test_the_visible_devices_read_as_torch_npu_reads_them_before_and_after_the_first_use() -> None:
+    """``ASCEND_RT_VISIBLE_DEVICES`` on a host of 4 NPUs: torch_npu's own reading before the first use
+    (``_parse_visible_devices``, ``_device_count_ascend_hal``), and the backend's at it, agree."""
+    out = sim_child(
+        f"""
+        import json
+        import torch
+        from npu_compat.testing import _torch_sim
+        print(json.dumps([[_torch_sim.visible_device_count(v, 4), _torch_sim.NATIVE.visible_count(v, 4)]
+                          for v in {VISIBLE!r}]))
+        """,
+        devices=4,
+    )
+    assert [python for python, _ in out] == [4, 0, 1, 2, 0, 1, 2, 1, 1, 0, 2, 0]
+    assert [native for _, native in out] == [python for python, _ in out]
+
+
 COLLECTIVES = """
 import json, os, sys, datetime
 import torch, torch.distributed as dist

@@ -65,7 +65,7 @@ def test_the_plugins_fixture(ascend_host):
 def test_another_number_of_npus_is_refused_saying_why():
     import pytest
 
-    with pytest.raises(RuntimeError, match="already has 2 simulated NPUs.*simulation_env\\\\(4\\\\)"):
+    with pytest.raises(RuntimeError, match="already used its 2 simulated NPUs.*simulation_env\\\\(4\\\\)"):
         with simulated_ascend(devices=4):
             pass
 """

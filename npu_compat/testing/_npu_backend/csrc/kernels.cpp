@@ -399,6 +399,18 @@ at::Tensor& set_empty_(at::Tensor& self) {
   return self;
 }
 
+// zero_ (torch.zeros, vLLM's KV cache): a large allocation's whole pages go back to the host instead of
+// being written -- they read as zeros until written again -- so a zero-filled KV cache costs the host
+// what the model later writes of it, as torch.empty's does.  On the device it is zeros all the same.
+at::Tensor& zero_(at::Tensor& self) {
+  if (self.numel() > 0 && self.is_contiguous() &&
+      zero_unbacked(self.storage().data_ptr(), self.data_ptr(), self.nbytes())) {
+    return self;
+  }
+  cpu_alias(self).zero_();
+  return self;
+}
+
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::_local_scalar_dense(cpu_alias(self));
 }
@@ -450,6 +462,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
   m.impl("native_dropout", native_dropout);
+  m.impl("zero_", zero_);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

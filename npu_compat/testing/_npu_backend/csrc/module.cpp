@@ -276,8 +276,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace npu_sim;
   m.doc() = "The simulated Ascend's npu device: tensors in host memory (npu_compat.testing).";
-  m.def("set_device_count", &set_device_count);
-  m.def("device_count", [] { return static_cast<int>(device_count()); });
+  m.def("set_physical_count", &set_physical_count);
+  m.def("physical_count", &physical_count);
+  m.def("devices_counted", &devices_counted);
+  m.def("device_count", [] { return static_cast<int>(device_count()); },
+        "The NPUs this process sees; counted at the first call (the device's first use), then fixed.");
+  m.def("visible_count", [](const py::object& visible, int physical) {
+    if (visible.is_none()) {
+      return visible_count(nullptr, physical);
+    }
+    const auto text = visible.cast<std::string>();
+    return visible_count(text.c_str(), physical);
+  }, "How many NPUs ASCEND_RT_VISIBLE_DEVICES=visible (None: unset) shows on a host with `physical`.");
   m.def("current_device", [] { return static_cast<int>(current_device()); });
   m.def("set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("capacity", &capacity);

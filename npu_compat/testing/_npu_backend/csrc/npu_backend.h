@@ -24,7 +24,10 @@ constexpr int kMaxDevices = 64;
 
 // devices and the current device of this thread
 c10::DeviceIndex device_count();
-void set_device_count(int count);
+bool devices_counted();                          // whether device_count() has counted (the first use)
+int physical_count();                            // the host's NPUs
+void set_physical_count(int count);
+int visible_count(const char* visible, int physical);  // the runtime's reading of ASCEND_RT_VISIBLE_DEVICES
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
 void check_device(c10::DeviceIndex index);
@@ -46,6 +49,9 @@ struct MemoryStats {
 MemoryStats memory_stats(c10::DeviceIndex device);
 void reset_peak(c10::DeviceIndex device);
 void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
+// Zero nbytes at ptr, inside data's memory, giving the whole pages of a large (mapped) allocation back
+// to the host rather than writing them; false (nothing done) when data is not such an allocation.
+bool zero_unbacked(const at::DataPtr& data, void* ptr, size_t nbytes);
 
 // a host tensor aliasing an npu tensor's memory, and back
 at::Tensor cpu_alias(const at::Tensor& npu);

@@ -8,9 +8,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -18,21 +21,82 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 
 namespace npu_sim {
 
 // ---------------------------------------------------------------- devices
 
-static std::atomic<int> g_device_count{2};
+// The host's NPUs (what the driver's drvGetDevNum reports), and this process's visible ones:
+// counted once, at the first use of a device, from ASCEND_RT_VISIBLE_DEVICES as the runtime reads
+// it then -- not at start-up, so a launcher may still set the variable after `import torch`.
+static std::atomic<int> g_physical_count{2};
+static std::atomic<int> g_device_count{-1};
+static std::mutex g_count_mutex;
 static thread_local c10::DeviceIndex t_device = 0;
 
-c10::DeviceIndex device_count() {
-  return static_cast<c10::DeviceIndex>(g_device_count.load());
+int visible_count(const char* visible, int physical) {
+  // torch_npu's _parse_visible_devices and _device_count_ascend_hal: unset is every device; the
+  // ids are read up to the first character that is neither a digit nor a comma, and up to an
+  // empty element; ids must ascend (else none is visible); an id past the host's last NPU ends
+  // the list.
+  if (visible == nullptr) {
+    return physical;
+  }
+  const std::string var(visible);
+  size_t end = 0;
+  while (end < var.size() && (std::isdigit(static_cast<unsigned char>(var[end])) || var[end] == ',')) {
+    ++end;
+  }
+  int count = 0;
+  long previous = -1;
+  size_t start = 0;
+  while (start < end) {
+    size_t comma = var.find(',', start);
+    if (comma == std::string::npos || comma > end) {
+      comma = end;
+    }
+    if (comma == start) {
+      break;  // an empty element
+    }
+    const long id = std::stol(var.substr(start, comma - start));
+    if (count > 0 && id <= previous) {
+      return 0;
+    }
+    if (id >= physical) {
+      return count;
+    }
+    previous = id;
+    ++count;
+    start = comma + 1;
+  }
+  return count;
 }
 
-void set_device_count(int count) {
+c10::DeviceIndex device_count() {
+  int count = g_device_count.load();
+  if (count < 0) {
+    std::lock_guard<std::mutex> lock(g_count_mutex);
+    count = g_device_count.load();
+    if (count < 0) {
+      count = std::min(visible_count(std::getenv("ASCEND_RT_VISIBLE_DEVICES"), g_physical_count.load()), kMaxDevices);
+      g_device_count = count;
+    }
+  }
+  return static_cast<c10::DeviceIndex>(count);
+}
+
+bool devices_counted() {
+  return g_device_count.load() >= 0;
+}
+
+int physical_count() {
+  return g_physical_count.load();
+}
+
+void set_physical_count(int count) {
   TORCH_CHECK(count >= 0 && count <= kMaxDevices, "simulated npu: device count ", count, " out of range");
-  g_device_count = count;
+  g_physical_count = count;
 }
 
 void check_device(c10::DeviceIndex index) {
@@ -221,6 +285,27 @@ NpuAllocator g_allocator;
 
 at::Allocator* npu_allocator() {
   return &g_allocator;
+}
+
+bool zero_unbacked(const at::DataPtr& data, void* ptr, size_t nbytes) {
+  if (data.get_deleter() != &free_block || !static_cast<Block*>(data.get_context())->mapped) {
+    return false;
+  }
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  const auto end = begin + nbytes;
+  const auto first = (begin + page - 1) / page * page;
+  const auto last = end / page * page;
+  if (last <= first) {
+    return false;
+  }
+  std::memset(ptr, 0, first - begin);
+  // a private anonymous mapping's pages given back read as zeros, and are backed again when written
+  TORCH_CHECK(
+      madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0,
+      "simulated npu: madvise(MADV_DONTNEED): ", std::strerror(errno));
+  std::memset(reinterpret_cast<void*>(last), 0, end - last);
+  return true;
 }
 
 void resize_bytes(c10::StorageImpl* storage, size_t nbytes) {
