@@ -464,6 +464,60 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
     d.sections["ascend"] = checks
 
 
+#: Below this share of the host's memory still available, a simulated run is near the host's memory.
+LOW_HOST_MEMORY = 0.10
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """The host's total and available memory in bytes (Linux's ``/proc/meminfo``), or None."""
+    fields: dict[str, int] = {}
+    try:
+        with open(meminfo) as lines:
+            for line in lines:
+                name, _, rest = line.partition(":")
+                if name in ("MemTotal", "MemAvailable"):
+                    fields[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(fields) < 2:
+        return None
+    return fields["MemTotal"], fields["MemAvailable"]
+
+
+def check_simulated_memory(
+    d: Diagnosis, environ: dict[str, str], memory: tuple[int, int] | None = None
+) -> None:
+    """On the simulated Ascend: each NPU's memory against the host's, and the cause when little is left.
+
+    A simulated NPU's memory is host memory.  The device counts every allocation in full; the host
+    backs what is written (weights, activations, what the model writes of vLLM's KV cache) and keeps
+    vLLM's host-side state for every KV-cache block, whose number vLLM sizes from the device's free
+    memory.  ``memory`` is the host's ``(total, available)`` bytes (default: read now).
+    """
+    if not _env.is_true(environ.get(_env.SIMULATE)):
+        return
+    devices = _env.parse_count(environ.get(_env.SIMULATE_DEVICES, "2")) or 2
+    capacity = _env.parse_size(environ.get(_env.SIMULATE_NPU_MEMORY, "")) or _env.SIMULATED_NPU_MEMORY
+    memory = host_memory() if memory is None else memory
+    gib = 1 << 30
+    section: dict[str, object] = {"npus": devices, "npu_memory": capacity}
+    if memory is not None:
+        total, available = memory
+        section.update(host_total=total, host_available=available)
+        if available < LOW_HOST_MEMORY * total:
+            d.add(
+                "warning",
+                f"the simulated Ascend is near this host's memory: {available / gib:.1f} GiB of "
+                f"{total / gib:.1f} GiB left. A simulated NPU's memory is host memory: the host backs what "
+                "is written to the NPUs (weights, activations, the KV cache the model fills) and vLLM's "
+                "host-side state for each KV-cache block, which vLLM sizes from each NPU's free memory "
+                f"({devices} NPUs of {capacity / gib:g} GiB here). The kernel's or Ray's OOM killer ends "
+                "such a run. Fix: fewer engines or processes at once, or a smaller "
+                f"{_env.SIMULATE_NPU_MEMORY} (vLLM's KV cache shrinks with it)",
+            )
+    d.sections["simulation"] = section
+
+
 #: Where Trinity's weight sync over HCCL drops the bound its config gives (trinity-rft 0.6.0).
 TRINITY_SYNC_TIMEOUT_DROPPED = (
     "trinity/trainer/verl/workers.py:302 (setup_weight_sync_group takes synchronizer.sync_timeout "
@@ -627,6 +681,7 @@ def diagnose(reports: str | None = None, environ: dict[str, str] | None = None) 
     check_activation(d, decision, env)
     check_seams(d, decision, env)
     check_ascend(d, decision, env)
+    check_simulated_memory(d, env)
     check_ray_auth(d, env)
     if reports is not None:
         check_reports(d, reports)
@@ -675,6 +730,15 @@ def render(d: Diagnosis) -> str:
     lines += ["", "Ascend environment:"]
     for c in s["ascend"]:  # type: ignore[attr-defined]
         lines.append(f"  {c['status']:7s} {c['check']}: {c['detail']}")
+    if "simulation" in s:
+        sim = s["simulation"]
+        assert isinstance(sim, dict)
+        gib = 1 << 30
+        host = ""
+        if "host_total" in sim:
+            total, available = sim["host_total"] / gib, sim["host_available"] / gib
+            host = f"; the host has {total:.1f} GiB, {available:.1f} GiB available"
+        lines.append(f"  simulated: {sim['npus']} NPUs of {sim['npu_memory'] / gib:g} GiB each{host}")
     lines += ["", "target distributions:"]
     for t in s["targets"]:  # type: ignore[attr-defined]
         ranges = ", ".join(t["ranges"])

@@ -53,6 +53,8 @@ SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
 #: Memory of each simulated NPU: bytes, or a number with ``KiB``/``MiB``/``GiB`` (default
 #: ``64GiB``, as an Ascend 910B3).  Allocating past it raises ``torch.OutOfMemoryError``.
 SIMULATE_NPU_MEMORY = "NPU_COMPAT_SIMULATE_NPU_MEMORY"
+#: Its default: an Ascend 910B3's 64 GiB of HBM.
+SIMULATED_NPU_MEMORY = 64 << 30
 
 #: Where the simulated NPU's C++ backend is compiled and cached (default
 #: ``$XDG_CACHE_HOME/npu_compat``, else ``~/.cache/npu_compat``).

@@ -83,6 +83,31 @@ def test_a_healthy_simulated_ascend_host_passes(tmp_path: Path) -> None:
     assert {c["status"] for c in out["ascend"]} == {"ok"}
 
 
+def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() -> None:
+    env = {"NPU_COMPAT_SIMULATE": "1", "NPU_COMPAT_SIMULATE_DEVICES": "4"}
+    gib = 1 << 30
+    near = _doctor.Diagnosis()
+    _doctor.check_simulated_memory(near, env, memory=(24 * gib, 1 * gib))
+    [warning] = [f.message for f in near.findings if f.level == "warning"]
+    assert "1.0 GiB of 24.0 GiB left" in warning and "4 NPUs of 64 GiB" in warning
+    assert "KV-cache block" in warning and "NPU_COMPAT_SIMULATE_NPU_MEMORY" in warning
+    assert near.sections["simulation"] == {
+        "npus": 4,
+        "npu_memory": 64 * gib,
+        "host_total": 24 * gib,
+        "host_available": 1 * gib,
+    }
+    roomy = _doctor.Diagnosis()
+    _doctor.check_simulated_memory(
+        roomy, {**env, "NPU_COMPAT_SIMULATE_NPU_MEMORY": "4GiB"}, (24 * gib, 20 * gib)
+    )
+    assert roomy.findings == [] and roomy.sections["simulation"]["npu_memory"] == 4 * gib  # type: ignore[index]
+    real = _doctor.Diagnosis()
+    _doctor.check_simulated_memory(real, {})  # not simulated: nothing to say
+    assert real.findings == [] and "simulation" not in real.sections
+    assert _doctor.host_memory("/nonexistent/meminfo") is None
+
+
 def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_weight_sync(
     tmp_path: Path,
 ) -> None:
