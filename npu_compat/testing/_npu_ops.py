@@ -27,6 +27,11 @@ Where each schema (and each fake implementation's shapes) was read:
 * ``_C_ascend::npu_apply_top_k_top_p``: the schema string in vllm-ascend 0.18.0's
   ``vllm_ascend/vllm_ascend_C*.so`` (it wraps ``aclnnApplyTopKTopPCustom``, the same computation
   as ``npu_top_k_top_p``).
+* ``_C_ascend::get_masked_input_and_mask``, ``bgmv_shrink``/``bgmv_expand``, ``sgmv_shrink``/
+  ``sgmv_expand``: the schema strings of 0.18.0's ``vllm_ascend_C*.so``, the same in 0.23.0.post1's
+  ``csrc/torch_binding.cpp`` (vllm-ascend's ``meta_registration`` registers their meta kernels once
+  ``vllm_ascend_C`` is importable); the first computes as vLLM's own ``get_masked_input_and_mask``, the
+  LoRA kernels are compute boundaries.
 
 Computed:
 
@@ -151,6 +156,26 @@ SCHEMAS: dict[str, str] = {
     ),
     "_C_ascend::npu_apply_top_k_top_p": (
         "npu_apply_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor"
+    ),
+    "_C_ascend::get_masked_input_and_mask": (
+        "get_masked_input_and_mask(Tensor input, int org_vocab_start_index, int org_vocab_end_index, "
+        "int num_org_vocab_padding, int added_vocab_start_index, int added_vocab_end_index) "
+        "-> (Tensor masked_input, Tensor mask)"
+    ),
+    "_C_ascend::bgmv_shrink": (
+        "bgmv_shrink(Tensor! x, Tensor! weight, Tensor! indices, Tensor! y, float scale) -> ()"
+    ),
+    "_C_ascend::bgmv_expand": (
+        "bgmv_expand(Tensor! x, Tensor! weight, Tensor! indices, Tensor! y, "
+        "int slice_offset, int slice_size) -> Tensor"
+    ),
+    "_C_ascend::sgmv_shrink": (
+        "sgmv_shrink(Tensor! x, Tensor! weight, Tensor! lora_indices, Tensor! seq_len, Tensor! y, "
+        "float scale) -> ()"
+    ),
+    "_C_ascend::sgmv_expand": (
+        "sgmv_expand(Tensor! x, Tensor! weight, Tensor! lora_indices, Tensor! seq_len, Tensor! y, "
+        "int slice_offset, int slice_size) -> Tensor"
     ),
 }
 
@@ -875,6 +900,49 @@ def _mutating_fake(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+# ------------------------------------------------------------------ vocabulary-parallel embedding, LoRA
+
+
+def get_masked_input_and_mask(
+    input: torch.Tensor,
+    org_vocab_start_index: int,
+    org_vocab_end_index: int,
+    num_org_vocab_padding: int,
+    added_vocab_start_index: int,
+    added_vocab_end_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vllm-ascend's kernel: vLLM's ``get_masked_input_and_mask`` (``vocab_parallel_embedding.py``).
+    Token ids of this rank's base and added vocabulary become indices into its shard; ``mask`` is true
+    where an id is neither (its embedding row is zeroed)."""
+    if input.dim() < 1:
+        raise RuntimeError("input must have at least 1 dimension")
+    org = (input >= org_vocab_start_index) & (input < org_vocab_end_index)
+    added = (input >= added_vocab_start_index) & (input < added_vocab_end_index)
+    added_offset = (
+        added_vocab_start_index - (org_vocab_end_index - org_vocab_start_index) - num_org_vocab_padding
+    )
+    valid_offset = org_vocab_start_index * org + added_offset * added
+    vocab = org | added
+    return vocab * (input - valid_offset), ~vocab
+
+
+def _masked_input_fake(input: torch.Tensor, *args: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input, dtype=torch.bool)
+
+
+def _lora_boundary(name: str) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        raise _boundary(f"torch.ops._C_ascend.{name} (vllm-ascend's punica LoRA kernel)")
+
+    kernel.__name__ = name
+    return kernel
+
+
+def _lora_expand_fake(x: torch.Tensor, weight: torch.Tensor, *args: Any) -> torch.Tensor:
+    y = args[-3]
+    return torch.empty_like(y)
+
+
 # --------------------------------------------------------------------------- registration
 
 #: ``namespace::name[.overload]`` -> (the plain-torch kernel, the fake implementation).
@@ -892,6 +960,11 @@ OPERATORS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "atb::_npu_matmul_add_fp32": (_npu_matmul_add_fp32, _mutating_fake),
     "_C_ascend::npu_add_rms_norm_bias": (npu_add_rms_norm_bias, _add_rms_norm_fake),
     "_C_ascend::npu_apply_top_k_top_p": (npu_apply_top_k_top_p, _top_k_top_p_fake),
+    "_C_ascend::get_masked_input_and_mask": (get_masked_input_and_mask, _masked_input_fake),
+    "_C_ascend::bgmv_shrink": (_lora_boundary("bgmv_shrink"), _mutating_fake),
+    "_C_ascend::bgmv_expand": (_lora_boundary("bgmv_expand"), _lora_expand_fake),
+    "_C_ascend::sgmv_shrink": (_lora_boundary("sgmv_shrink"), _mutating_fake),
+    "_C_ascend::sgmv_expand": (_lora_boundary("sgmv_expand"), _lora_expand_fake),
 }
 
 _LOCK = threading.Lock()

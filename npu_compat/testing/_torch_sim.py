@@ -591,25 +591,109 @@ _MEMORY_FUNCTIONS = (
 )  # fmt: skip
 
 
+# torch_npu._C's pluggable-allocator and memory-pool bindings, over the backend's
+
+
+def _pool_backend(what: str) -> Any:
+    if NATIVE is None:
+        raise needs_npu(what, backend_failure() or "the npu backend is not loaded")
+    return NATIVE
+
+
+class _npu_NPUAllocator:
+    """torch_npu._C's handle of a pluggable allocator."""
+
+    def __init__(self, ident: int) -> None:
+        self._id = ident
+
+
+def _npu_customAllocator(alloc_fn: int, free_fn: int) -> _npu_NPUAllocator:
+    """A pluggable allocator from the addresses of its ``alloc(size, device, stream)`` and
+    ``free(ptr, size, device, stream)`` functions."""
+    return _npu_NPUAllocator(
+        _pool_backend("torch.npu.memory.NPUPluggableAllocator").custom_allocator(alloc_fn, free_fn)
+    )
+
+
+class _MemPool:
+    """torch_npu._C's memory pool: allocations routed to it (``use_mem_pool``) come from its allocator,
+    or from the device's own where it has none."""
+
+    def __init__(
+        self,
+        allocator: Any = None,
+        is_user_created: bool = True,
+        use_on_oom: bool = False,
+        no_split: bool = False,
+    ) -> None:
+        native = _pool_backend("torch.npu.memory.MemPool")
+        self._pool = int(native.create_pool(-1 if allocator is None else allocator._id))
+
+    @property
+    def id(self) -> tuple[int, int]:
+        return (0, self._pool)  # a user-created pool's id: (0, its number)
+
+    def use_count(self) -> int:
+        return int(_pool_backend("torch.npu.memory.MemPool").pool_use_count(self._pool))
+
+
+def _npu_beginAllocateCurrentThreadToPool(device: int, pool_id: tuple[int, int]) -> None:
+    _pool_backend("torch.npu.memory.use_mem_pool").begin_allocate_to_pool(device, pool_id[1])
+
+
+def _npu_endAllocateToPool(device: int, pool_id: tuple[int, int]) -> None:
+    _pool_backend("torch.npu.memory.use_mem_pool").end_allocate_to_pool(device, pool_id[1])
+
+
+def _npu_releasePool(device: int, pool_id: tuple[int, int]) -> None:
+    _pool_backend("torch.npu.memory.use_mem_pool").release_pool(device, pool_id[1])
+
+
 def _memory_module(npu: types.ModuleType) -> types.ModuleType:
-    """``torch.npu.memory``: the memory functions, and the pluggable allocator's names (not simulated
-    yet: constructing one is the compute boundary)."""
+    """``torch.npu.memory``: the memory functions, the pluggable allocator, memory pools and
+    ``use_mem_pool``, as torch_npu's Python has them, over ``torch_npu._C``'s stand-ins."""
     memory = types.ModuleType("torch.npu.memory", "SIMULATED torch.npu.memory (npu_compat.testing)")
     for name in _MEMORY_FUNCTIONS:
         setattr(memory, name, getattr(npu, name))
 
-    class NPUPluggableAllocator:
+    class _NPUAllocator:
+        def __init__(self, allocator: Any) -> None:
+            self._allocator = allocator
+
+        def allocator(self) -> Any:
+            return self._allocator
+
+    class NPUPluggableAllocator(_NPUAllocator):
+        """torch_npu's: the allocator's two functions, loaded from a shared library with ctypes."""
+
         def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str) -> None:
-            raise needs_npu(
-                "torch.npu.memory.NPUPluggableAllocator", "a pluggable allocator is not simulated yet"
-            )
+            import ctypes
 
-    class MemPool:
+            allocator = ctypes.CDLL(path_to_so_file)
+            alloc_fn = ctypes.cast(getattr(allocator, alloc_fn_name), ctypes.c_void_p).value
+            free_fn = ctypes.cast(getattr(allocator, free_fn_name), ctypes.c_void_p).value
+            if alloc_fn is None:
+                raise RuntimeError("alloc_fn is None")
+            if free_fn is None:
+                raise RuntimeError("free_fn is None")
+            self._allocator = _npu_customAllocator(alloc_fn, free_fn)
+
+    class MemPool(_MemPool):
+        """torch_npu's: a pool of the allocator's memory; allocations route to it under use_mem_pool."""
+
         def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False) -> None:
-            raise needs_npu("torch.npu.memory.MemPool", "a memory pool is not simulated yet")
+            super().__init__(allocator, True, use_on_oom, no_split)
 
-    def use_mem_pool(pool: Any, device: Any = None) -> Any:
-        raise needs_npu("torch.npu.memory.use_mem_pool", "a memory pool is not simulated yet")
+    @contextlib.contextmanager
+    def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
+        """torch_npu's: this thread's allocations on ``device`` go to ``pool`` inside the block."""
+        device_index = npu.current_device() if device is None else _index(device)
+        _npu_beginAllocateCurrentThreadToPool(device_index, pool.id)
+        try:
+            yield
+        finally:
+            _npu_endAllocateToPool(device_index, pool.id)
+            _npu_releasePool(device_index, pool.id)
 
     for value in (NPUPluggableAllocator, MemPool, use_mem_pool):
         value.__module__ = memory.__name__
@@ -787,6 +871,12 @@ def install() -> None:
         npu.default_generators = ()  # type: ignore[attr-defined]  # torch_npu's until its first use
         atexit.register(_release_autograd_workers)
         _keep_counts_reported()
+        from . import _sites
+        from ._npu_backend import VllmAscendCFinder
+
+        finders: list[object] = list(sys.meta_path)
+        if _sites.runs_real_vllm_ascend(os.environ) and VllmAscendCFinder not in finders:
+            sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
     torch._register_device_module("npu", npu)
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():

@@ -787,3 +787,16 @@ def test_a_compiled_decoder_step_equals_eager() -> None:
     torch.testing.assert_close(got, expected)
     for a, b in zip(compiled_in, eager_in, strict=True):  # the in-place updates happened alike
         torch.testing.assert_close(a, b)
+
+
+def test_masked_input_and_mask_equals_vllms_own() -> None:
+    """``_C_ascend::get_masked_input_and_mask`` against vLLM's Python reference, for TP 2 rank 1 of a vocabulary
+    of 1010 (padded to 1024) with 16 added tokens (padded to 64): base ids, added ids and ids of neither."""
+    vocab = pytest.importorskip("vllm.model_executor.layers.vocab_parallel_embedding", reason="needs vllm")
+    ids = torch.tensor([0, 511, 512, 700, 1009, 1010, 1015, 1016, 2000])
+    args = (512, 1010, 14, 1018, 1026)
+    got = torch.ops._C_ascend.get_masked_input_and_mask(ids, *args)
+    want = vocab.get_masked_input_and_mask(ids, *args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(SimulatedComputeBoundary, match="bgmv_shrink"):
+        torch.ops._C_ascend.bgmv_shrink(ids.float(), ids.float(), ids, ids.float(), 1.0)

@@ -237,6 +237,100 @@ def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_gen
     assert seen["vllm"] == seen["transformers"]
 
 
+@needs_backend
+def test_vllm_ascends_camem_allocator_keeps_addresses_and_gives_memory_back() -> None:
+    """vllm-ascend's ``CaMemAllocator`` (``device_allocator/camem.py``, unchanged) over the ``vllm_ascend_C``
+    stand-in: allocations under ``use_memory_pool(tag)`` go through ``my_malloc`` (an address range reserved,
+    physical memory mapped on it, counted on the device); ``sleep`` backs up the offloaded tags with
+    ``acl.rt.memcpy`` and unmaps everything; ``wake_up`` maps fresh memory at the same addresses and copies
+    the backups back.  What was not offloaded reads as zeros after it."""
+    seen = real_run(
+        """
+        import json
+        import torch
+        torch.npu.set_device(0)
+        from vllm_ascend.device_allocator.camem import CaMemAllocator, camem_available
+        MiB = 1 << 20
+        alloc = CaMemAllocator.get_instance()
+        free = lambda: torch.npu.mem_get_info()[0]
+        out = {"available": camem_available}
+        before = free()
+        with alloc.use_memory_pool(tag="weights"):
+            w = torch.arange(1 << 20, dtype=torch.float32, device="npu")  # computed, then the pool's
+        with alloc.use_memory_pool(tag="kv_cache"):
+            kv = torch.zeros(256 * MiB, dtype=torch.uint8, device="npu")
+            kv[:100] = 5
+        out["tags"] = sorted((d.tag, d.handle[1] // MiB) for d in alloc.pointer_to_data.values())
+        used, address = free(), w.data_ptr()
+        out["used"] = (before - used) // MiB
+        alloc.sleep(offload_tags=("weights",))
+        out["freed"] = (free() - used) // MiB
+        alloc.wake_up()
+        out["taken_back"] = (free() - used) // MiB
+        out["same_address"] = w.data_ptr() == address
+        out["weights_kept"] = torch.equal(w.cpu(), torch.arange(1 << 20, dtype=torch.float32))
+        out["kv_after"] = int(kv[:100].sum())
+        alloc.sleep(offload_tags=())  # nothing offloaded
+        alloc.wake_up()
+        out["weights_after_discard"] = float(w.abs().sum())
+        del w, kv
+        out["after_free"] = (before - free()) // MiB
+        print(json.dumps(out))
+        """,
+    )
+    assert seen["available"] is True
+    assert seen["tags"] == [["kv_cache", 256], ["weights", 4]]
+    assert seen["used"] == 260 and seen["freed"] == 260 and seen["taken_back"] == 0
+    assert seen["same_address"] and seen["weights_kept"] and seen["kv_after"] == 0
+    assert seen["weights_after_discard"] == 0.0
+    assert seen["after_free"] == 0
+
+
+@needs_backend
+@pytest.mark.many_processes
+@pytest.mark.skipif(
+    RELEASE == "0.23.0.post1",
+    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
+    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
+)
+def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage() -> None:
+    """``LLM(enable_sleep_mode=True)`` on the real ``NPUWorker``: level 1 offloads the weights and frees the
+    device (vLLM's log says how much), and the engine generates the same tokens after ``wake_up``; level 2
+    keeps no weights, so a ``wake_up`` without a reload generates from zeroed weights -- the field failure of
+    RL frameworks that wake the rollout at level 2 before the trainer's weights arrive."""
+    seen = real_run(
+        """
+        import json, os, re, tempfile
+        from tests.e2e.tiny_model import make_tiny_model
+
+        def main():
+            tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+            from vllm import LLM, SamplingParams
+            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
+                      enable_sleep_mode=True)
+            prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [11, 12, 13]}]
+            greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+            gen = lambda: [list(r.outputs[0].token_ids) for r in llm.generate(prompts, greedy, use_tqdm=False)]
+            out = {"before": gen()}
+            llm.sleep(level=1)
+            llm.wake_up()
+            out["level1"] = gen()
+            llm.sleep(level=2)
+            llm.wake_up()
+            out["level2"] = gen()
+            print(json.dumps(out))
+
+        if __name__ == "__main__":
+            main()
+        """,
+        timeout=600,
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_PORT=str(free_port()),
+    )
+    assert seen["level1"] == seen["before"]
+    assert seen["level2"] != seen["before"]
+
+
 def _trinity() -> str | None:
     try:
         return importlib.metadata.version("trinity-rft")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import shutil
@@ -31,6 +32,8 @@ from ... import _env
 
 NAME = "npu_compat_npu_backend"
 CSRC = Path(__file__).resolve().with_name("csrc")
+#: The vllm_ascend_C stand-in's source: a library of its own, loaded where vllm-ascend imports it.
+VLLM_ASCEND_C = Path(__file__).resolve().with_name("vllm_ascend_C")
 CFLAGS = ("-O2",)
 
 _module: types.ModuleType | None = None
@@ -57,7 +60,7 @@ def build_dir() -> Path:
     import torch
 
     digest = hashlib.sha256()
-    for path in sorted(CSRC.iterdir()):
+    for path in [*sorted(CSRC.iterdir()), *sorted(VLLM_ASCEND_C.iterdir())]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     key = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest.hexdigest()[:16]}"
@@ -150,6 +153,7 @@ def load() -> types.ModuleType | None:
                         _module = _build(where)
             if _module is None:
                 _module = _import(so)
+            sys.modules[NAME] = _module  # the vllm_ascend_C stand-in finds the runtime's table here
         except Exception as exc:  # noqa: BLE001 -- any build failure leaves the simulation at its boundary
             lines = str(exc).strip().splitlines()
             last = lines[-1] if lines else type(exc).__name__
@@ -161,9 +165,63 @@ def load() -> types.ModuleType | None:
     return _module
 
 
+def vllm_ascend_c() -> Path:
+    """The vllm_ascend_C stand-in's library, built first if this host has not built it yet (needs the
+    backend loaded: :func:`load`)."""
+    from torch.utils import cpp_extension
+
+    where = build_dir() / "vllm_ascend_C"
+    so = where / "vllm_ascend_C.so"
+    if not (where / "built").is_file():
+        with _locked(where.with_name(where.name + ".lock")):
+            if not (where / "built").is_file():
+                where.mkdir(parents=True, exist_ok=True)
+                cpp_extension.load(
+                    "vllm_ascend_C", [str(VLLM_ASCEND_C / "vllm_ascend_C.cpp")], extra_cflags=list(CFLAGS),
+                    extra_include_paths=[str(CSRC)], build_directory=str(where), is_python_module=False,
+                )  # fmt: skip
+                (where / "built").write_text("built\n")
+    return so
+
+
+class VllmAscendCFinder:
+    """Finds ``vllm_ascend.vllm_ascend_C`` -- the compiled library a real vllm-ascend ships, left out of
+    the simulated host's layout -- as the stand-in library (:func:`vllm_ascend_c`), built on first import.
+    Where it cannot be built, nothing is found, and vllm-ascend goes on without it as it does on a host
+    whose build lacks it (custom operators and sleep mode off)."""
+
+    NAME = "vllm_ascend.vllm_ascend_C"
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != cls.NAME or load() is None:
+            return None
+        try:
+            so = vllm_ascend_c()
+        except Exception as exc:  # noqa: BLE001 -- as a missing library: vllm-ascend decides
+            warnings.warn(
+                f"simulated Ascend: vllm_ascend_C failed to build ({exc})", RuntimeWarning, stacklevel=2
+            )
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(so))
+        return importlib.util.spec_from_file_location(fullname, so, loader=loader)
+
+
 def failure() -> str | None:
     """Why :func:`load` gave ``None`` (after it was called)."""
     return _failure
 
 
-__all__ = ["CSRC", "NAME", "build_dir", "cache_root", "failure", "load", "missing_tools", "sources"]
+__all__ = [
+    "CSRC",
+    "NAME",
+    "VLLM_ASCEND_C",
+    "VllmAscendCFinder",
+    "build_dir",
+    "cache_root",
+    "failure",
+    "load",
+    "missing_tools",
+    "sources",
+    "vllm_ascend_c",
+]  # fmt: skip

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -61,6 +62,13 @@ void release_adopted(void* ctx) {
 
 at::DataPtr adopted_data(const c10::Storage& cpu, c10::DeviceIndex device) {
   const auto nbytes = static_cast<int64_t>(cpu.nbytes());
+  if (nbytes > 0 && routed_to_pool(device)) {
+    // under use_mem_pool the pool's allocator owns every new npu memory, a computed result's too
+    c10::DeviceGuard guard(c10::Device(kNpu, device));
+    at::DataPtr fresh = npu_allocator()->allocate(static_cast<size_t>(nbytes));
+    std::memcpy(fresh.get(), cpu.data(), static_cast<size_t>(nbytes));
+    return fresh;
+  }
   if (nbytes > 0) {
     reserve(device, nbytes);
   }

@@ -1,6 +1,7 @@
 // The Python module of the simulated npu backend, and its hccl: a c10d backend
 // that runs a Gloo backend on CPU tensors aliasing the npu tensors' memory.
 #include "npu_backend.h"
+#include "device_memory_api.h"
 
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -290,6 +291,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "How many NPUs ASCEND_RT_VISIBLE_DEVICES=visible (None: unset) shows on a host with `physical`.");
   m.def("current_device", [] { return static_cast<int>(current_device()); });
   m.def("set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("device_memory_api", [] {
+    return py::capsule(
+        const_cast<void*>(static_cast<const void*>(device_memory_api())), NPU_SIM_DEVICE_MEMORY_CAPSULE);
+  }, "The runtime's virtual-memory calls (device_memory_api.h), for the vllm_ascend_C stand-in.");
+  m.def("custom_allocator", &custom_allocator, "A pluggable allocator from its two functions' addresses: its id.");
+  m.def("create_pool", &create_pool, "A memory pool over a pluggable allocator (-1: the backend's own): its id.");
+  m.def("pool_use_count", &pool_use_count);
+  m.def("begin_allocate_to_pool", [](int d, int64_t pool) {
+    begin_allocate_to_pool(static_cast<c10::DeviceIndex>(d), pool);
+  });
+  m.def("end_allocate_to_pool", [](int d, int64_t pool) {
+    end_allocate_to_pool(static_cast<c10::DeviceIndex>(d), pool);
+  });
+  m.def("release_pool", [](int d, int64_t pool) { release_pool(static_cast<c10::DeviceIndex>(d), pool); });
   m.def("capacity", &capacity);
   m.def("set_capacity", &set_capacity);
   m.def("set_memory_fraction", [](int d, double f) { set_memory_fraction(static_cast<c10::DeviceIndex>(d), f); });

@@ -12,6 +12,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "device_memory_api.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -52,6 +54,17 @@ void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
 // Zero nbytes at ptr, inside data's memory, giving the whole pages of a large (mapped) allocation back
 // to the host rather than writing them; false (nothing done) when data is not such an allocation.
 bool zero_unbacked(const at::DataPtr& data, void* ptr, size_t nbytes);
+
+// the runtime's virtual memory (device_memory_api.h), pluggable allocators and memory pools (use_mem_pool:
+// this thread's allocations on a device go to a pool's allocator)
+const NpuSimDeviceMemoryApi* device_memory_api();
+int64_t custom_allocator(uintptr_t alloc, uintptr_t free);
+bool routed_to_pool(c10::DeviceIndex device);  // whether this thread's allocations there go to a pluggable allocator
+int64_t create_pool(int64_t allocator);  // allocator -1: the backend's own
+int64_t pool_use_count(int64_t pool);
+void begin_allocate_to_pool(c10::DeviceIndex device, int64_t pool);
+void end_allocate_to_pool(c10::DeviceIndex device, int64_t pool);
+void release_pool(c10::DeviceIndex device, int64_t pool);
 
 // a host tensor aliasing an npu tensor's memory, and back
 at::Tensor cpu_alias(const at::Tensor& npu);

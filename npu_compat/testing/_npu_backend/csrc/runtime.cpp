@@ -1,6 +1,7 @@
 // Devices, the device guard, memory, pinned memory, generators and the
 // PrivateUse1 hooks of the simulated npu backend.
 #include "npu_backend.h"
+#include "device_memory_api.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -22,6 +23,8 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace npu_sim {
 
@@ -244,12 +247,188 @@ void free_block(void* ctx) {
 
 void no_delete(void*) {}
 
+// ---------------------------------------------------------------- the runtime's virtual memory
+
+constexpr size_t kGranularity = size_t(2) << 20;
+
+struct Physical {
+  c10::DeviceIndex device;
+  size_t size;
+};
+
+struct Region {
+  size_t size;
+  Physical* mapped = nullptr;  // the physical memory mapped at the range's start, if any
+};
+
+std::mutex g_regions_mutex;
+std::map<uintptr_t, Region> g_regions;  // reserved address ranges, by start
+
+int reserve_address(void** ptr, size_t size) {
+  if (ptr == nullptr || size == 0 || size % kGranularity != 0) {
+    return kAclErrorInvalidParam;
+  }
+  void* at = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (at == MAP_FAILED) {
+    return kAclErrorMemoryAllocation;
+  }
+  std::lock_guard<std::mutex> lock(g_regions_mutex);
+  g_regions[reinterpret_cast<uintptr_t>(at)] = Region{size};
+  *ptr = at;
+  return kAclSuccess;
+}
+
+int release_address(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_regions_mutex);
+  const auto found = g_regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (found == g_regions.end() || found->second.mapped != nullptr) {
+    return kAclErrorInvalidParam;  // not reserved, or still mapped
+  }
+  munmap(ptr, found->second.size);
+  g_regions.erase(found);
+  return kAclSuccess;
+}
+
+int malloc_physical(void** handle, size_t size, int device) {
+  if (handle == nullptr || size == 0 || device < 0 || device >= device_count()) {
+    return kAclErrorInvalidParam;
+  }
+  try {
+    reserve(static_cast<c10::DeviceIndex>(device), static_cast<int64_t>(size));
+  } catch (const c10::OutOfMemoryError&) {
+    return kAclErrorMemoryAllocation;
+  }
+  *handle = new Physical{static_cast<c10::DeviceIndex>(device), size};
+  return kAclSuccess;
+}
+
+int free_physical(void* handle) {
+  if (handle == nullptr) {
+    return kAclErrorInvalidParam;
+  }
+  auto* physical = static_cast<Physical*>(handle);
+  release(physical->device, static_cast<int64_t>(physical->size));
+  delete physical;
+  return kAclSuccess;
+}
+
+int map_memory(void* ptr, size_t size, void* handle) {
+  std::lock_guard<std::mutex> lock(g_regions_mutex);
+  const auto found = g_regions.find(reinterpret_cast<uintptr_t>(ptr));
+  auto* physical = static_cast<Physical*>(handle);
+  if (found == g_regions.end() || found->second.mapped != nullptr || physical == nullptr ||
+      size > found->second.size || size > physical->size) {
+    return kAclErrorInvalidParam;
+  }
+  if (mprotect(ptr, size, PROT_READ | PROT_WRITE) != 0) {
+    return kAclErrorMemoryAllocation;
+  }
+  found->second.mapped = physical;
+  return kAclSuccess;
+}
+
+int unmap_memory(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_regions_mutex);
+  const auto found = g_regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (found == g_regions.end() || found->second.mapped == nullptr) {
+    return kAclErrorInvalidParam;
+  }
+  // the pages go back to the host: what was written is gone, and the range faults until mapped again
+  madvise(ptr, found->second.size, MADV_DONTNEED);
+  mprotect(ptr, found->second.size, PROT_NONE);
+  found->second.mapped = nullptr;
+  return kAclSuccess;
+}
+
+bool in_mapped_region(uintptr_t begin, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(g_regions_mutex);
+  auto found = g_regions.upper_bound(begin);
+  if (found == g_regions.begin()) {
+    return false;
+  }
+  --found;
+  return found->second.mapped != nullptr && begin + nbytes <= found->first + found->second.size;
+}
+
+const NpuSimDeviceMemoryApi g_device_memory_api{
+    1, kGranularity, &reserve_address, &release_address, &malloc_physical, &free_physical, &map_memory,
+    &unmap_memory};
+
+// ---------------------------------------------------------------- pluggable allocators and memory pools
+
+using AllocFn = void* (*)(ssize_t size, int device, void* stream);
+using FreeFn = void (*)(void* ptr, ssize_t size, int device, void* stream);
+
+struct Pluggable {
+  AllocFn alloc;
+  FreeFn free;
+};
+
+struct Pool {
+  int64_t allocator;  // an id in g_allocators, or -1: the backend's own
+  int64_t use_count = 1;
+};
+
+struct Route {
+  std::thread::id thread;
+  int64_t pool;
+};
+
+std::mutex g_pools_mutex;
+std::map<int64_t, Pluggable> g_allocators;
+std::map<int64_t, Pool> g_pools;
+std::array<std::vector<Route>, kMaxDevices> g_routes;  // per device: the threads whose allocations go to a pool
+std::atomic<int> g_route_count{0};
+int64_t g_next_id = 1;
+
+struct PoolBlock {
+  void* ptr;
+  ssize_t size;
+  c10::DeviceIndex device;
+  FreeFn free;
+};
+
+void free_pool_block(void* ctx) {
+  auto* block = static_cast<PoolBlock*>(ctx);
+  block->free(block->ptr, block->size, block->device, nullptr);
+  delete block;
+}
+
+// The pluggable allocator this thread's allocations on `device` go to (use_mem_pool), if any.
+const Pluggable* routed(c10::DeviceIndex device) {
+  if (g_route_count.load() == 0) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const auto me = std::this_thread::get_id();
+  for (const auto& route : g_routes.at(device)) {
+    if (route.thread == me) {
+      const auto pool = g_pools.find(route.pool);
+      if (pool != g_pools.end() && pool->second.allocator >= 0) {
+        return &g_allocators.at(pool->second.allocator);
+      }
+      return nullptr;
+    }
+  }
+  return nullptr;
+}
+
 struct NpuAllocator final : at::Allocator {
   at::DataPtr allocate(size_t nbytes) override {
     const auto device = current_device();
     const c10::Device where(kNpu, device);
     if (nbytes == 0) {
       return {nullptr, nullptr, &no_delete, where};
+    }
+    if (const Pluggable* pluggable = routed(device)) {
+      // torch_npu's NPUPluggableAllocator: the allocator's own functions; what they take from the device
+      // they count themselves (vllm-ascend's camem: aclrtMallocPhysical)
+      void* ptr = pluggable->alloc(static_cast<ssize_t>(nbytes), device, nullptr);
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, ptr != nullptr, "NPU out of memory: the pluggable allocator returned no memory for ",
+          format_size(static_cast<int64_t>(nbytes)), " (NPU ", static_cast<int>(device), ")");
+      return {ptr, new PoolBlock{ptr, static_cast<ssize_t>(nbytes), device, pluggable->free}, &free_pool_block,
+              where};
     }
     reserve(device, static_cast<int64_t>(nbytes));
     void* ptr = nullptr;
@@ -287,9 +466,72 @@ at::Allocator* npu_allocator() {
   return &g_allocator;
 }
 
+const NpuSimDeviceMemoryApi* device_memory_api() {
+  return &g_device_memory_api;
+}
+
+bool routed_to_pool(c10::DeviceIndex device) {
+  return routed(device) != nullptr;
+}
+
+int64_t custom_allocator(uintptr_t alloc, uintptr_t free) {
+  TORCH_CHECK(alloc != 0 && free != 0, "simulated npu: a pluggable allocator needs both functions");
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const int64_t id = g_next_id++;
+  g_allocators[id] = Pluggable{reinterpret_cast<AllocFn>(alloc), reinterpret_cast<FreeFn>(free)};
+  return id;
+}
+
+int64_t create_pool(int64_t allocator) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  TORCH_CHECK(allocator < 0 || g_allocators.count(allocator), "simulated npu: no such pluggable allocator");
+  const int64_t id = g_next_id++;
+  g_pools[id] = Pool{allocator};
+  return id;
+}
+
+int64_t pool_use_count(int64_t pool) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const auto found = g_pools.find(pool);
+  return found == g_pools.end() ? 0 : found->second.use_count;
+}
+
+void begin_allocate_to_pool(c10::DeviceIndex device, int64_t pool) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  TORCH_CHECK(g_pools.count(pool), "simulated npu: no such memory pool");
+  g_pools[pool].use_count += 1;
+  g_routes.at(device).push_back(Route{std::this_thread::get_id(), pool});
+  g_route_count += 1;
+}
+
+void end_allocate_to_pool(c10::DeviceIndex device, int64_t pool) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  auto& routes = g_routes.at(device);
+  const auto me = std::this_thread::get_id();
+  for (auto it = routes.begin(); it != routes.end(); ++it) {
+    if (it->thread == me && it->pool == pool) {
+      routes.erase(it);
+      g_route_count -= 1;
+      return;
+    }
+  }
+}
+
+void release_pool(c10::DeviceIndex device, int64_t pool) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const auto found = g_pools.find(pool);
+  if (found != g_pools.end()) {
+    found->second.use_count -= 1;
+  }
+}
+
 bool zero_unbacked(const at::DataPtr& data, void* ptr, size_t nbytes) {
-  if (data.get_deleter() != &free_block || !static_cast<Block*>(data.get_context())->mapped) {
-    return false;
+  const bool ours = data.get_deleter() == &free_block && static_cast<Block*>(data.get_context())->mapped;
+  if (!ours && !in_mapped_region(reinterpret_cast<uintptr_t>(ptr), nbytes)) {
+    return false;  // neither a large allocation of ours nor runtime-mapped memory: not known anonymous
   }
   static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
