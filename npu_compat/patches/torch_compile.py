@@ -1,9 +1,12 @@
-"""torch.compile on Ascend: off by default unless an NPU compiler backend is installed.
+"""torch.compile on Ascend: off by default unless Inductor has an NPU backend.
 
-Inductor has no Ascend backend in torch itself; on NPU, ``torch.compile`` needs Ascend's own
-backend (``torchair``, or torch_npu's ``_inductor``).  Without one, verl's compiled entropy
-helpers fail or fall back at the first training step.  The report says which way it went:
-the patches below are ``applied`` (compile off) or ``skipped`` with the backend found.
+Inductor has no Ascend backend in torch itself; torch_npu's ``_inductor`` (torch_npu 2.13 ships it,
+loaded at the first compile) registers one for ``npu``.  verl compiles its entropy helpers with
+torch.compile's default backend, Inductor, so without that one they fail at the first training step.
+``torchair`` does not count: it is a backend of its own (``torchair.get_npu_backend()``), used only
+by code that names it, and torch_npu installs it whether or not Inductor can compile for ``npu``.
+The report says which way it went: the patches below are ``applied`` (compile off) or ``skipped``
+with the backend found.
 
 * trinity-rft 0.6.0 with verl >= 0.8 (row A26): ``_build_actor_config`` writes
   ``use_torch_compile: True``, and its FSDP engine config (``fsdp_config``) leaves verl's
@@ -23,14 +26,13 @@ from typing import Any
 
 from .trinity_common import findable
 
-_BACKENDS = ("torchair", "torch_npu._inductor")
+_INDUCTOR_NPU = "torch_npu._inductor"
 
 
 def no_npu_compiler() -> str | None:
-    """Condition: stand down (keep torch.compile on) when an Ascend compiler backend is installed."""
-    for name in _BACKENDS:
-        if findable(name):
-            return f"an Ascend torch.compile backend is installed ({name}): torch.compile stays on"
+    """Condition: stand down (keep torch.compile on) when Inductor has an NPU backend."""
+    if findable(_INDUCTOR_NPU):
+        return f"Inductor has an NPU backend ({_INDUCTOR_NPU}): torch.compile stays on"
     return None
 
 

@@ -17,6 +17,7 @@ pytest.importorskip("trinity", reason="needs trinity-rft (installed by the upstr
 
 PROBE = """
 import json, socket, importlib, importlib.metadata as md
+EXTEND
 import npu_compat
 ACTIVATE and npu_compat.activate()
 import torch
@@ -46,9 +47,11 @@ print(json.dumps(out))
 """
 
 
-def _run(activate: bool, extra_path: list[str] | None = None) -> Any:
+def _run(activate: bool, extra_path: list[str] | None = None, torch_npu_dir: str | None = None) -> Any:
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
-    code = PROBE.replace("ACTIVATE", str(activate))
+    # torch_npu_dir: a directory whose packages are torch_npu's too (its _inductor, as a real wheel has it)
+    extend = f"import torch_npu; torch_npu.__path__.append({torch_npu_dir!r})" if torch_npu_dir else ""
+    code = PROBE.replace("ACTIVATE", str(activate)).replace("EXTEND", extend)
     return last_json(run_py(code, env=sim, pythonpath=[*SIM_PATH, *(extra_path or [])], timeout=300))
 
 
@@ -67,11 +70,21 @@ def test_off_on_npu_without_a_compiler_backend() -> None:
     assert len(_applied(out["report"])) == 1  # the one patch for this stack's trainer path
 
 
-def test_stays_on_with_an_ascend_backend_and_the_report_says_which(tmp_path: Path) -> None:
-    (tmp_path / "torchair").mkdir()
-    (tmp_path / "torchair" / "__init__.py").write_text("")
-    out = _run(activate=True, extra_path=[str(tmp_path)])
+def test_stays_on_where_inductor_has_an_npu_backend_and_the_report_says_which(tmp_path: Path) -> None:
+    (tmp_path / "_inductor").mkdir()
+    (tmp_path / "_inductor" / "__init__.py").write_text("")
+    out = _run(activate=True, torch_npu_dir=str(tmp_path))
     assert out["compiled"] is True
     assert _applied(out["report"]) == []
     reasons = [reason for status, reason in out["report"].values() if status == "skipped"]
-    assert any("torchair" in reason for reason in reasons), out["report"]
+    assert any("torch_npu._inductor" in reason for reason in reasons), out["report"]
+
+
+def test_torchair_alone_does_not_keep_it_on(tmp_path: Path) -> None:
+    """torchair is a torch.compile backend of its own, which verl does not name: with it alone, verl's
+    compile (Inductor's) would still find no NPU backend, so compile goes off."""
+    (tmp_path / "torchair").mkdir()
+    (tmp_path / "torchair" / "__init__.py").write_text("")
+    out = _run(activate=True, extra_path=[str(tmp_path)])
+    assert out["compiled"] is False
+    assert len(_applied(out["report"])) == 1
