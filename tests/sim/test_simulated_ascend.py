@@ -166,6 +166,21 @@ def test_devices_are_counted_at_their_first_use_as_torch_npu_counts_them() -> No
     assert "invalid device npu:2 (2 visible)" in out["third"]
 
 
+def test_torch_npu_imported_before_torch_registers_npu_as_when_torch_comes_first() -> None:
+    """Ascend scripts often begin with ``import torch_npu``: torch_npu turns torch's backend autoload off
+    while it imports torch (its ``__init__``), registers ``npu`` itself, and restores the switch."""
+    out = sim_child(
+        """
+        import json, os
+        import torch_npu
+        import torch
+        print(json.dumps([torch.npu.device_count(), str(torch.ones(1, device="npu").device),
+                          os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")]))
+        """,
+    )
+    assert out == [2, "npu:0", "1"]
+
+
 VISIBLE = [None, "", "0", "0,1", "1,0", "0,,1", "0,1x,2", "3,4,5", "0,5", "abc", "2,3", "1,1"]
 
 

@@ -6,18 +6,30 @@ package it is found by name, auto-loaded by ``import torch`` through the
 ``hccl`` backend with torch.distributed -- here backed by the CPU and Gloo.
 """
 
+import os
+
 __version__ = "2.13.0+sim"
 SIMULATED = True
 
+# torch_npu's own order: autoloading off while it imports torch, so that `import torch_npu` before
+# `import torch` does not have torch load this half-imported package as its device backend
+_ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402,F401
+
+from npu_compat.testing import _torch_sim  # noqa: E402
+
+_torch_sim.install()
+
 
 def _autoload() -> None:
-    """The ``torch.backends`` entry point (torch calls it at the end of ``import torch``)."""
-    from npu_compat.testing import _torch_sim
+    """The ``torch.backends`` entry point (torch calls it at the end of ``import torch``); as torch_npu's,
+    it restores the switch that child processes inherit (the package registered ``npu`` on import)."""
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _ORG_AUTOLOAD
 
-    _torch_sim.install()
 
-
-_autoload()
+_autoload()  # where `import torch_npu` came first, torch skipped its autoload
 
 from . import _C, npu, op_plugin, optim, profiler  # noqa: E402  (the real package's submodules)
 
