@@ -39,8 +39,7 @@ from ._vllm_ascend_release import RELEASES, is_laid_out, layout_dir
 SIM_SITE = Path(__file__).resolve().with_name("_sim_site")
 #: ``torchair`` as far as the real vllm-ascend needs it, on the path of a process that runs that package only.
 #: On a real host torch_npu itself installs ``torchair`` (it ships inside it) when torch is imported; here it
-#: would also turn npu-compat's torch.compile patch off (it stands down where an Ascend compiler backend is
-#: installed) for every simulated process, with no compiler behind it.
+#: holds only the names vllm-ascend 0.18.0 reaches, so it is kept to the processes that run that package.
 TORCHAIR_SITE = Path(__file__).resolve().with_name("_sim_site_torchair")
 #: One directory per vllm-ascend release played, each holding that release's distribution only.
 SIM_DISTS = Path(__file__).resolve().with_name("_sim_dists")
