@@ -287,6 +287,50 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     )  # fmt: skip
 
 
+def _real_vllm_ascend_laid_out() -> bool:
+    from npu_compat.testing import _sites, _vllm_ascend_release
+
+    vllm = _sites.installed_vllm()
+    return vllm is not None and _vllm_ascend_release.is_laid_out(_sites.vllm_ascend_release(vllm))
+
+
+#: The rollout as Ascend users of RL run it today (eager, as vime#157 runs it), at tensor parallel 2.
+EAGER_TP2 = ("    tensor_parallel_size: 1\n", "    tensor_parallel_size: 2\n    enforce_eager: true\n")
+
+
+@pytest.mark.skipif(
+    not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose eager engine runs (stack c)"
+)
+@pytest.mark.skipif(not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here")
+@pytest.mark.uses_verl
+def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The bundled config with the rollout at TP 2 and ``enforce_eager: true``, on the released vllm-ascend
+    0.18.0 (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``), not the stand-in: Trinity's ``vLLMRolloutModel``
+    builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
+    after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
+    to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2."""
+    result = _run(
+        tmp_path, tiny_model, "compat", "auto", 900, npus=3, name="eager-tp2",
+        edit=lambda text: text.replace(*EAGER_TP2), env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"},
+    )  # fmt: skip
+    out = tmp_path / "compat-auto"
+    assert result["rc"] == 0, result
+    assert result["stages"][-4:] == [
+        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
+    ], result  # fmt: skip
+    assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
+    text = scenario.all_logs(out)
+    assert "tensor_parallel_size=2" in text
+    assert (
+        "vllm_ascend.model_loader.rfork" in text
+    )  # the release registers its loaders; the stand-in has none
+    assert "NPUModelRunner on npu:" not in text  # the stand-in's own line
+    errors = re.findall(r"Error in Trainer:\n(?:.*\n)*?.*?(\w+Error: .*)", scenario._driver_log(out))
+    assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
+
+
 @beyond_ci_where(REL_052)  # 3.5 min: on stack c by hand, stack a's in CI
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""
