@@ -871,11 +871,11 @@ def install() -> None:
         npu.default_generators = ()  # type: ignore[attr-defined]  # torch_npu's until its first use
         atexit.register(_release_autograd_workers)
         _keep_counts_reported()
-        from . import _sites
         from ._npu_backend import VllmAscendCFinder
+        from ._sites import runs_real_vllm_ascend
 
         finders: list[object] = list(sys.meta_path)
-        if _sites.runs_real_vllm_ascend(os.environ) and VllmAscendCFinder not in finders:
+        if runs_real_vllm_ascend(os.environ) and VllmAscendCFinder not in finders:
             sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
     torch._register_device_module("npu", npu)
     if NATIVE is None:
