@@ -29,12 +29,21 @@ _overcommit = Path("/proc/sys/vm/overcommit_memory")
 STRICT_OVERCOMMIT = _overcommit.is_file() and _overcommit.read_text().strip() == "2"
 
 
-@pytest.mark.same_on_every_stack
-@pytest.mark.skipif(
-    STRICT_OVERCOMMIT, reason="vm.overcommit_memory=2: the host refuses lazy mappings it cannot back"
-)
-@pytest.mark.usefixtures("npu_backend_built")
-@needs_backend
+def on_lazy_mappings(test: Any) -> Any:
+    """The marks of a test of the backend's lazily backed mappings (torch and the backend alone)."""
+    for mark in (
+        needs_backend,
+        pytest.mark.usefixtures("npu_backend_built"),
+        pytest.mark.skipif(
+            STRICT_OVERCOMMIT, reason="vm.overcommit_memory=2: the host refuses lazy mappings it cannot back"
+        ),
+        pytest.mark.same_on_every_stack,
+    ):
+        test = mark(test)
+    return test
+
+
+@on_lazy_mappings
 def test_a_40_gib_npu_tensor_counts_in_full_and_the_host_backs_only_what_is_written() -> None:
     out = sim_json(
         """
@@ -87,12 +96,7 @@ def test_a_40_gib_npu_tensor_counts_in_full_and_the_host_backs_only_what_is_writ
     assert out["allocated_after_resize_free"] == 0
 
 
-@pytest.mark.same_on_every_stack
-@pytest.mark.skipif(
-    STRICT_OVERCOMMIT, reason="vm.overcommit_memory=2: the host refuses lazy mappings it cannot back"
-)
-@pytest.mark.usefixtures("npu_backend_built")
-@needs_backend
+@on_lazy_mappings
 def test_a_zero_fill_backs_no_pages_and_reads_as_zeros() -> None:
     """The real ``NPUModelRunner`` makes its KV cache with ``torch.zeros``: a zero-fill gives a large
     allocation's whole pages back to the host instead of writing them, so it costs what ``torch.empty``

@@ -35,6 +35,14 @@ pytestmark = [
 ]
 
 
+#: An engine on the real package generates: 0.23.0.post1's stops at its first Triton kernel.
+engine_runs = pytest.mark.skipif(
+    RELEASE == "0.23.0.post1",
+    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
+    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
+)
+
+
 def real_run(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend; what it printed last, as JSON."""
     env = sim_env(devices, **REAL, VLLM_ASCEND_ENABLE_NZ="0", **extra)
@@ -117,11 +125,7 @@ def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path
 
 @needs_backend
 @pytest.mark.many_processes
-@pytest.mark.skipif(
-    RELEASE == "0.23.0.post1",
-    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
-    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
-)
+@engine_runs
 @pytest.mark.parametrize("tp", [1, 2])
 def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
     """Greedy tokens of a tiny Qwen2 through vLLM's engine on the real ``NPUWorker``/``NPUModelRunner``
@@ -204,11 +208,7 @@ if __name__ == "__main__":
 
 @needs_backend
 @pytest.mark.many_processes
-@pytest.mark.skipif(
-    RELEASE == "0.23.0.post1",
-    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
-    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
-)
+@engine_runs
 def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_generates(
     tmp_path: Path,
 ) -> None:
@@ -288,11 +288,7 @@ def test_vllm_ascends_camem_allocator_keeps_addresses_and_gives_memory_back() ->
 
 @needs_backend
 @pytest.mark.many_processes
-@pytest.mark.skipif(
-    RELEASE == "0.23.0.post1",
-    reason="vllm-ascend 0.23.0.post1's model runner launches vLLM's Triton kernel _compute_slot_mapping_kernel "
-    "(worker/block_table.py), compiled by triton-ascend on a real host; the simulation has no Triton backend yet",
-)
+@engine_runs
 def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage() -> None:
     """``LLM(enable_sleep_mode=True)`` on the real ``NPUWorker``: level 1 offloads the weights and frees the
     device (vLLM's log says how much), and the engine generates the same tokens after ``wake_up``; level 2
