@@ -350,7 +350,7 @@ def npu_fusion_attention(
             raise _boundary("npu_fusion_attention(pse=<alibi-compressed>)")
         mask = _block_mask(atten_mask, sparse_mode, pre, nxt, sq, skv, query.device, varlen=False)
         out_bnsd, row_max, row_sum = _attend(q, k, v, scale, pse, mask)
-        out = _from_bnsd(out_bnsd, input_layout)
+        out = _from_bnsd(out_bnsd, input_layout).contiguous()  # a fresh tensor, as the kernel writes
         softmax_max = row_max.unsqueeze(-1).expand(*row_max.shape, 8).contiguous()
         softmax_sum = row_sum.unsqueeze(-1).expand(*row_sum.shape, 8).contiguous()
     softmax_out = query.new_empty([0])
@@ -452,4 +452,331 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "npu_rotary_mul": npu_rotary_mul,
     "npu_swiglu": npu_swiglu,
     "npu_cross_entropy_loss": npu_cross_entropy_loss,
+}
+
+
+# --------------------------------------------------------------------------- the backward kernels
+#
+# torch_npu differentiates each of these kernels with a backward kernel of its own (``npu_*_backward``,
+# ``npu_fusion_attention_grad``), named in its autograd formulas.  Here each backward kernel computes the
+# gradient of the plain-torch forward above: autograd's, through a recomputation, or (RMS norm, whose
+# backward schema has ``rstd`` and no ``epsilon``) the closed form from ``rstd``.
+
+
+def _grads(
+    forward: Callable[..., Any], inputs: Sequence[torch.Tensor | None], grads: Sequence[torch.Tensor | None]
+) -> list[torch.Tensor | None]:
+    """The gradients of ``forward(*leaves)``'s outputs, weighted by ``grads``, with respect to each of
+    ``inputs`` (None for an input that is None)."""
+    with torch.enable_grad():
+        leaves = [None if t is None else t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        outputs = forward(*leaves)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        weighted = zip(outputs, grads, strict=False)
+        pairs = [(o, g) for o, g in weighted if g is not None and isinstance(o, torch.Tensor)]
+        wrt = [t for t in leaves if t is not None and t.requires_grad]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True, materialize_grads=True
+        )
+    by_leaf = iter(found)
+    return [
+        None if t is None else (next(by_leaf) if t.requires_grad else torch.zeros_like(t)) for t in leaves
+    ]
+
+
+def npu_rms_norm_backward(
+    dy: torch.Tensor, self: torch.Tensor, gamma: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dgamma)`` of ``y = x * rstd * gamma``, rstd a function of x: ``dx = rstd * (dy*gamma -
+    xhat * mean(dy*gamma*xhat))`` with ``xhat = x * rstd``, over the last ``gamma.dim()`` dims."""
+    dims = tuple(range(self.dim() - gamma.dim(), self.dim()))
+    compute = torch.promote_types(self.dtype, torch.float32)
+    x, r = self.to(compute), rstd.to(compute)
+    xhat = x * r
+    dxhat = dy.to(compute) * gamma.to(compute)
+    dx = r * (dxhat - xhat * (dxhat * xhat).mean(dim=dims, keepdim=True))
+    lead = tuple(range(self.dim() - gamma.dim()))
+    dgamma = (dy.to(compute) * xhat).sum(dim=lead) if lead else dy.to(compute) * xhat
+    return dx.to(self.dtype), dgamma.to(gamma.dtype)
+
+
+def npu_rotary_mul_backward(
+    grad: torch.Tensor, self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dr1, dr2)`` of :func:`npu_rotary_mul` (without ``rotate``, as the real backward)."""
+    dx, dr1, dr2 = _grads(lambda x, a, b: npu_rotary_mul(x, a, b, rotary_mode), (self, r1, r2), (grad,))
+    assert dx is not None and dr1 is not None and dr2 is not None
+    return dx, dr1, dr2
+
+
+def npu_swiglu_backward(grad_output: torch.Tensor, self: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``dx`` of :func:`npu_swiglu`."""
+    (dx,) = _grads(lambda x: npu_swiglu(x, dim), (self,), (grad_output,))
+    assert dx is not None
+    return dx
+
+
+def npu_cross_entropy_loss_backward(
+    grad_loss: torch.Tensor,
+    log_prob: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    grad_zloss: torch.Tensor | None = None,
+    lse_for_zloss: torch.Tensor | None = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    lse_square_scale_for_zloss: float = 0.0,
+) -> torch.Tensor:
+    """``d loss / d input`` from the forward's ``log_prob``: the loss of the logits ``log_prob`` has
+    the same gradient as the loss of ``input``, whose per-row shift ``log_softmax`` removed."""
+    if lse_square_scale_for_zloss != 0.0:
+        raise _boundary("npu_cross_entropy_loss_backward(lse_square_scale_for_zloss)")
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        out = F.cross_entropy(
+            logits,
+            target,
+            weight=weight.to(logits.dtype) if weight is not None else None,
+            reduction=reduction,
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+        )
+        return out if reduction == "none" else out.reshape(1)
+
+    (dx,) = _grads(loss, (log_prob,), (grad_loss,))
+    assert dx is not None
+    return dx
+
+
+def npu_fusion_attention_grad(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dy: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    *,
+    pse: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
+    softmax_max: torch.Tensor | None = None,
+    softmax_sum: torch.Tensor | None = None,
+    softmax_in: torch.Tensor | None = None,
+    attention_in: torch.Tensor | None = None,
+    scale_value: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = 2147483647,
+    next_tockens: int = 2147483647,
+    inner_precise: int = 0,
+    seed: int = 0,
+    offset: int = 0,
+    numels: int = 0,
+    prefix: Sequence[int] | None = None,
+    actual_seq_qlen: Sequence[int] | None = None,
+    actual_seq_kvlen: Sequence[int] | None = None,
+    sparse_mode: int = 0,
+    gen_mask_parallel: bool = True,
+    sync: bool = False,
+    softmax_layout: str = "",
+    sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dpse, dsink)`` of :func:`npu_fusion_attention` with these options (``dpse`` and
+    ``dsink`` empty where there is no ``pse``/``sink``)."""
+
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor | None) -> Any:
+        return npu_fusion_attention(
+            q, k, v, head_num, input_layout, pse=p, padding_mask=padding_mask, atten_mask=atten_mask,
+            scale=scale_value, keep_prob=keep_prob, pre_tockens=pre_tockens, next_tockens=next_tockens,
+            inner_precise=inner_precise, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+            actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, softmax_layout=softmax_layout,
+            sink=sink,
+        )[0]  # fmt: skip
+
+    dq, dk, dv, dpse = _grads(forward, (query, key, value, pse), (dy,))
+    assert dq is not None and dk is not None and dv is not None
+    empty = query.new_empty([0])
+    return dq, dk, dv, empty if dpse is None else dpse, empty.clone()
+
+
+# --------------------------------------------------------------------------- as torch.library operators
+
+#: torch_npu 2.13.0's schemas of these kernels and their backward kernels
+#: (``csrc/aten/npu_native_functions_by_codegen.yaml``), all in the ``npu`` namespace.
+_FA_OPTIONS = "int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0"
+SCHEMAS: dict[str, str] = {
+    "npu::npu_rms_norm": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+    "npu::npu_rms_norm_backward": (
+        "npu_rms_norm_backward(Tensor dy, Tensor self, Tensor gamma, Tensor rstd) -> (Tensor, Tensor)"
+    ),
+    "npu::npu_rotary_mul": (
+        "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) "
+        "-> Tensor"
+    ),
+    "npu::npu_rotary_mul_backward": (
+        "npu_rotary_mul_backward(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') "
+        "-> (Tensor, Tensor, Tensor)"
+    ),
+    "npu::npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+    "npu::npu_swiglu_backward": "npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor",
+    "npu::npu_cross_entropy_loss": (
+        "npu_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight=None, str reduction='mean', "
+        "int ignore_index=-100, float label_smoothing=0.0, float lse_square_scale_for_zloss=0.0, "
+        "bool return_zloss=False) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "npu::npu_cross_entropy_loss_backward": (
+        "npu_cross_entropy_loss_backward(Tensor grad_loss, Tensor log_prob, Tensor target, "
+        "Tensor? weight=None, Tensor? grad_zloss=None, Tensor? lse_for_zloss=None, str reduction='mean', "
+        "int ignore_index=-100, "
+        "float label_smoothing=0.0, float lse_square_scale_for_zloss=0.0) -> Tensor"
+    ),
+    "npu::npu_fusion_attention": (
+        "npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
+        "Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., "
+        f"float keep_prob=1., {_FA_OPTIONS}, int[]? prefix=None, int[]? actual_seq_qlen=None, "
+        "int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, "
+        'str softmax_layout="", Tensor? sink=None, Tensor? dropout_mask=None, int seed=0, int offset=0) '
+        "-> (Tensor, Tensor, Tensor, Tensor, int, int, int)"
+    ),
+    "npu::npu_fusion_attention_grad": (
+        "npu_fusion_attention_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, "
+        "str input_layout, *, Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, "
+        "Tensor? softmax_max=None, Tensor? softmax_sum=None, Tensor? softmax_in=None, "
+        "Tensor? attention_in=None, float scale_value=1., float keep_prob=1., "
+        f"{_FA_OPTIONS}, int seed=0, int offset=0, int numels=0, int[]? prefix=None, "
+        "int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
+        'bool gen_mask_parallel=True, bool sync=False, str softmax_layout="", Tensor? sink=None) '
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    ),
+}
+
+
+def _rms_norm_fake(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-06) -> Any:
+    dims = self.dim() - gamma.dim()
+    return torch.empty_like(self), self.new_empty(
+        [*self.shape[:dims], *([1] * gamma.dim())], dtype=torch.float32
+    )
+
+
+def _swiglu_fake(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    shape = list(self.shape)
+    shape[dim] //= 2
+    return self.new_empty(shape)
+
+
+def _cross_entropy_fake(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    reduction = kwargs.get("reduction", args[1] if len(args) > 1 else "mean")
+    loss = input.new_empty([input.shape[0]] if reduction == "none" else [1])
+    return loss, torch.empty_like(input), input.new_empty([0]), input.new_empty([0])
+
+
+def _fusion_attention_fake(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_num: int, input_layout: str,
+    *args: Any, **kwargs: Any,
+) -> Any:  # fmt: skip
+    out = query.new_empty([*query.shape[:-1], query.shape[-1] // key.shape[-1] * value.shape[-1]])
+    if input_layout == "TND":
+        rows = [query.shape[0], head_num]
+    else:
+        q = _to_bnsd(query, input_layout, head_num, None)
+        rows = [q.shape[0], head_num, q.shape[2]]
+    stats = query.new_empty([*rows, 8], dtype=torch.float32)
+    return out, stats, torch.empty_like(stats), query.new_empty([0]), 0, 0, 0
+
+
+def _fusion_attention_grad_fake(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dy: torch.Tensor, *args: Any, **kwargs: Any
+) -> Any:
+    pse = kwargs.get("pse")
+    empty = query.new_empty([0])
+    dpse = empty if pse is None else torch.empty_like(pse)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse, query.new_empty([0])
+
+
+def _like_inputs(*which: int) -> Callable[..., Any]:
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        outs = tuple(torch.empty_like(args[i]) for i in which)
+        return outs if len(outs) > 1 else outs[0]
+
+    return fake
+
+
+#: ``npu::<name>`` -> (the plain-torch kernel, its fake implementation).
+OPERATORS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "npu::npu_rms_norm": (npu_rms_norm, _rms_norm_fake),
+    "npu::npu_rms_norm_backward": (npu_rms_norm_backward, _like_inputs(1, 2)),
+    "npu::npu_rotary_mul": (npu_rotary_mul, _like_inputs(0)),
+    "npu::npu_rotary_mul_backward": (npu_rotary_mul_backward, _like_inputs(1, 2, 3)),
+    "npu::npu_swiglu": (npu_swiglu, _swiglu_fake),
+    "npu::npu_swiglu_backward": (npu_swiglu_backward, _like_inputs(1)),
+    "npu::npu_cross_entropy_loss": (npu_cross_entropy_loss, _cross_entropy_fake),
+    "npu::npu_cross_entropy_loss_backward": (npu_cross_entropy_loss_backward, _like_inputs(1)),
+    "npu::npu_fusion_attention": (npu_fusion_attention, _fusion_attention_fake),
+    "npu::npu_fusion_attention_grad": (npu_fusion_attention_grad, _fusion_attention_grad_fake),
+}
+
+
+# --------------------------------------------------------------------------- their autograd formulas
+#
+# As torch_npu's: each forward saves what its backward kernel takes, and the backward calls that kernel
+# through its operator.  ``inputs`` are the operator's arguments in schema order.
+
+
+def _keep(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.inputs = inputs
+    ctx.output = output
+
+
+def _rms_norm_grad(ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor | None) -> tuple[Any, ...]:
+    x, gamma, _eps = ctx.inputs
+    dx, dgamma = torch.ops.npu.npu_rms_norm_backward(dy, x, gamma, ctx.output[1])
+    return dx, dgamma, None
+
+
+def _rotary_mul_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    x, r1, r2, mode, rotate = ctx.inputs
+    if rotate is not None:
+        raise _boundary("npu_rotary_mul backward with rotate=...")
+    dx, dr1, dr2 = torch.ops.npu.npu_rotary_mul_backward(grad, x, r1, r2, mode)
+    return dx, dr1, dr2, None, None
+
+
+def _swiglu_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    x, dim = ctx.inputs
+    return torch.ops.npu.npu_swiglu_backward(grad, x, dim), None
+
+
+def _cross_entropy_grad(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+    _input, target, weight, reduction, ignore_index, smoothing, zloss_scale, _ = ctx.inputs
+    dx = torch.ops.npu.npu_cross_entropy_loss_backward(
+        grad_loss, ctx.output[1], target, weight, None, None, reduction, ignore_index, smoothing, zloss_scale
+    )
+    return (dx, *([None] * 7))
+
+
+def _fusion_attention_backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+    q, k, v, head_num, layout, pse, padding_mask, atten_mask, scale, keep_prob, *rest = ctx.inputs
+    pre, nxt, inner, prefix, qlen, kvlen, sparse_mode, gen_mask_parallel, sync, layout_of_softmax, sink = (
+        rest[:11]
+    )
+    out, softmax_max, softmax_sum, softmax_in, seed, offset, numels = ctx.output
+    dq, dk, dv, dpse, _dsink = torch.ops.npu.npu_fusion_attention_grad(
+        q, k, v, dy, head_num, layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        softmax_max=softmax_max, softmax_sum=softmax_sum, softmax_in=softmax_in, attention_in=out,
+        scale_value=scale, keep_prob=keep_prob, pre_tockens=pre, next_tockens=nxt, inner_precise=inner,
+        seed=seed, offset=offset, numels=numels, prefix=prefix, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen,
+        sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync,
+        softmax_layout=layout_of_softmax, sink=sink,
+    )  # fmt: skip
+    return (dq, dk, dv, None, None, dpse if pse is not None else None, *([None] * 18))
+
+
+#: ``npu::<name>`` -> its backward, for ``torch.library.register_autograd`` (``setup_context`` keeps
+#: the inputs and outputs).
+AUTOGRAD: dict[str, tuple[Callable[..., None], Callable[..., Any]]] = {
+    "npu::npu_rms_norm": (_keep, _rms_norm_grad),
+    "npu::npu_rotary_mul": (_keep, _rotary_mul_grad),
+    "npu::npu_swiglu": (_keep, _swiglu_grad),
+    "npu::npu_cross_entropy_loss": (_keep, _cross_entropy_grad),
+    "npu::npu_fusion_attention": (_keep, _fusion_attention_backward),
 }

@@ -84,6 +84,7 @@ from typing import Any
 
 import torch
 
+from . import _npu_kernels
 from ._boundary import needs_npu
 from ._npu_kernels import (
     _COMPRESSED_MASK,
@@ -179,6 +180,8 @@ SCHEMAS: dict[str, str] = {
     ),
 }
 
+SCHEMAS.update(_npu_kernels.SCHEMAS)  # transformers' and verl's kernels, and their backward kernels
+
 #: The names of torch_npu's ``API_LIST`` (``op_plugin/atb/_atb_ops.py``) that are computed here.
 ATB_NAMES = frozenset({"_npu_rotary_embedding", "_npu_reshape_and_cache", "_npu_matmul_add_fp32"})
 
@@ -191,6 +194,7 @@ _TORCH_NPU = {
     "_npu_rotary_embedding": "atb",
     "_npu_reshape_and_cache": "atb",
     "_npu_matmul_add_fp32": "atb",
+    **{name: "npu" for name in _npu_kernels.KERNELS},
 }
 
 
@@ -201,12 +205,13 @@ def _boundary(what: str) -> Exception:
 # --------------------------------------------------------------------------- add + RMS norm
 
 
-def _rstd_shape(x1: torch.Tensor, gamma: torch.Tensor) -> list[int]:
-    """``x1``'s leading dims with the last ``gamma.dim()`` dims as 1 (all 1 if gamma has as many)."""
+def _rstd_shape(x1: torch.Tensor, gamma: torch.Tensor) -> list[Any]:
+    """``x1``'s leading dims with the last ``gamma.dim()`` dims as 1 (all 1 if gamma has as many); the
+    sizes as they are (a symbolic size under dynamo stays symbolic, not specialized)."""
     lead = x1.dim() - gamma.dim()
     if lead <= 0:
         return [1] * x1.dim()
-    return [int(s) for s in x1.shape[:lead]] + [1] * gamma.dim()
+    return [*x1.shape[:lead], *([1] * gamma.dim())]
 
 
 def _add_rms_norm(
@@ -965,6 +970,7 @@ OPERATORS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "_C_ascend::bgmv_expand": (_lora_boundary("bgmv_expand"), _lora_expand_fake),
     "_C_ascend::sgmv_shrink": (_lora_boundary("sgmv_shrink"), _mutating_fake),
     "_C_ascend::sgmv_expand": (_lora_boundary("sgmv_expand"), _lora_expand_fake),
+    **_npu_kernels.OPERATORS,
 }
 
 _LOCK = threading.Lock()
@@ -983,9 +989,21 @@ def _defined(qualname: str) -> bool:
     return True
 
 
+def _kernel(qualname: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """The kernel registered for ``qualname``: those of transformers' and verl's kernels count their calls
+    (``torch.npu.call_count("torch_npu.<name>")``), inside the kernel, where dynamo does not trace."""
+    name = qualname.partition("::")[2]
+    if name not in _npu_kernels.KERNELS:
+        return kernel
+    from ._torch_sim import counted
+
+    return counted(f"torch_npu.{name}", kernel, _npu_kernels.VARIANTS.get(name))
+
+
 def register() -> None:
-    """Define every operator of :data:`SCHEMAS` with its kernel (``CPU``, ``PrivateUse1``) and fake
-    implementation.  Idempotent; an operator this process already has is left as it is."""
+    """Define every operator of :data:`SCHEMAS` with its kernel (``CPU``, ``PrivateUse1``), fake
+    implementation and, for the kernels of :mod:`._npu_kernels`, autograd formula.  Idempotent; an
+    operator this process already has is left as it is."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -1003,8 +1021,11 @@ def register() -> None:
             library.define(schema)
             kernel, fake = OPERATORS[qualname]
             for dispatch_key in ("CPU", "PrivateUse1"):
-                library.impl(name, kernel, dispatch_key)
+                library.impl(name, _kernel(qualname, kernel), dispatch_key)
             torch.library.register_fake(qualname, fake, lib=library)
+            if qualname in _npu_kernels.AUTOGRAD:
+                setup_context, backward = _npu_kernels.AUTOGRAD[qualname]
+                torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=library)
         _LIBRARIES.extend(libraries.values())
         _REGISTERED = True
 

@@ -84,6 +84,53 @@ REAL_SCHEMAS = {
         "npu_apply_top_k_top_p",
         "default",
     ): "_C_ascend::npu_apply_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor",
+    # torch_npu's kernels of transformers and verl, and the backward kernels of their autograd formulas
+    (
+        "npu",
+        "npu_rms_norm",
+        "default",
+    ): "npu::npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+    (
+        "npu",
+        "npu_rms_norm_backward",
+        "default",
+    ): "npu::npu_rms_norm_backward(Tensor dy, Tensor self, Tensor gamma, Tensor rstd) -> (Tensor, Tensor)",
+    (
+        "npu",
+        "npu_rotary_mul",
+        "default",
+    ): "npu::npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor",
+    (
+        "npu",
+        "npu_rotary_mul_backward",
+        "default",
+    ): "npu::npu_rotary_mul_backward(Tensor grad, Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') -> (Tensor, Tensor, Tensor)",
+    ("npu", "npu_swiglu", "default"): "npu::npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+    (
+        "npu",
+        "npu_swiglu_backward",
+        "default",
+    ): "npu::npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor",
+    (
+        "npu",
+        "npu_cross_entropy_loss",
+        "default",
+    ): "npu::npu_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight=None, str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, float lse_square_scale_for_zloss=0.0, bool return_zloss=False) -> (Tensor, Tensor, Tensor, Tensor)",
+    (
+        "npu",
+        "npu_cross_entropy_loss_backward",
+        "default",
+    ): "npu::npu_cross_entropy_loss_backward(Tensor grad_loss, Tensor log_prob, Tensor target, Tensor? weight=None, Tensor? grad_zloss=None, Tensor? lse_for_zloss=None, str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, float lse_square_scale_for_zloss=0.0) -> Tensor",
+    (
+        "npu",
+        "npu_fusion_attention",
+        "default",
+    ): 'npu::npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, int[]? prefix=None, int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, str softmax_layout="", Tensor? sink=None, Tensor? dropout_mask=None, int seed=0, int offset=0) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)',
+    (
+        "npu",
+        "npu_fusion_attention_grad",
+        "default",
+    ): 'npu::npu_fusion_attention_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? softmax_max=None, Tensor? softmax_sum=None, Tensor? softmax_in=None, Tensor? attention_in=None, float scale_value=1., float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, int seed=0, int offset=0, int numels=0, int[]? prefix=None, int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, str softmax_layout="", Tensor? sink=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)',
 }
 
 
@@ -117,6 +164,11 @@ def test_torch_npu_names_map_to_the_operator_packets() -> None:
         "_npu_rotary_embedding": atb._npu_rotary_embedding,
         "_npu_reshape_and_cache": atb._npu_reshape_and_cache,
         "_npu_matmul_add_fp32": atb._npu_matmul_add_fp32,
+        "npu_rms_norm": npu.npu_rms_norm,
+        "npu_rotary_mul": npu.npu_rotary_mul,
+        "npu_swiglu": npu.npu_swiglu,
+        "npu_cross_entropy_loss": npu.npu_cross_entropy_loss,
+        "npu_fusion_attention": npu.npu_fusion_attention,
     }
     assert all(isinstance(op, torch._ops.OpOverloadPacket) for op in names.values())
     assert _npu_ops.has_atb("_npu_rotary_embedding") and not _npu_ops.has_atb("_npu_paged_attention")
@@ -787,6 +839,94 @@ def test_a_compiled_decoder_step_equals_eager() -> None:
     torch.testing.assert_close(got, expected)
     for a, b in zip(compiled_in, eager_in, strict=True):  # the in-place updates happened alike
         torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------------------ the kernels of transformers and verl, with autograd
+
+
+def training_cases(dtype: Any = torch.float32) -> list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]]:
+    """Each kernel with inputs that require grad; ``npu_fusion_attention`` packed (TND, causal) and BSND."""
+    leaf = lambda *shape, seed: randn(*shape, seed=seed, dtype=dtype).requires_grad_()  # noqa: E731
+    q, k, v = leaf(5, 4, 8, seed=280), leaf(5, 2, 8, seed=281), leaf(5, 2, 8, seed=282)
+    cos, sin = randn(1, 3, 1, 8, seed=283, dtype=dtype), randn(1, 3, 1, 8, seed=284, dtype=dtype)
+    causal = torch.triu(torch.ones(2048, 2048), diagonal=1).bool()
+    return [
+        ("rms_norm", npu.npu_rms_norm.default, (leaf(3, 16, seed=285), leaf(16, seed=286)), {"epsilon": 1e-5}),
+        ("rotary_mul", npu.npu_rotary_mul.default, (leaf(2, 3, 4, 8, seed=287), cos, sin), {}),
+        ("rotary_mul_interleave", npu.npu_rotary_mul.default, (leaf(2, 3, 4, 8, seed=288), cos, sin, "interleave"), {}),
+        ("swiglu", npu.npu_swiglu.default, (leaf(3, 4, 10, seed=289),), {"dim": 1}),
+        (
+            "cross_entropy",
+            npu.npu_cross_entropy_loss.default,
+            (leaf(6, 11, seed=290), torch.tensor([1, 0, -100, 10, 3, 3])),
+            {"reduction": "sum", "label_smoothing": 0.1},
+        ),
+        (
+            "fusion_attention_tnd",
+            npu.npu_fusion_attention.default,
+            (q, k, v, 4, "TND"),
+            dict(atten_mask=causal, scale=0.3, actual_seq_qlen=[2, 5], actual_seq_kvlen=[2, 5], sparse_mode=3),
+        ),
+        (
+            "fusion_attention_bsnd",
+            npu.npu_fusion_attention.default,
+            (q[None].detach().requires_grad_(), k[None].detach().requires_grad_(), v[None].detach().requires_grad_(),
+             4, "BSND"),
+            {"scale": 0.3},
+        ),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", training_cases(), ids=lambda c: c[0])
+def test_opcheck_of_the_training_kernels_with_their_autograd(
+    case: tuple[str, Any, tuple[Any, ...], dict[str, Any]],
+) -> None:
+    """Schema, fake implementation, autograd registration and AOT dispatch, torch's own checks."""
+    _, op, args, kwargs = case
+    result = torch.library.opcheck(op, args, kwargs)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("case", training_cases(torch.float64), ids=lambda c: c[0])
+def test_the_backward_kernels_pass_gradcheck(case: tuple[str, Any, tuple[Any, ...], dict[str, Any]]) -> None:
+    """The gradient through each operator's backward kernel (``npu_*_backward``, ``npu_fusion_attention_grad``)
+    equals the numerical gradient of its forward, in float64, for every input that requires grad."""
+    _, op, args, kwargs = case
+    grads = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def first_output(*tensors: Any) -> Any:
+        it = iter(tensors)
+        call = [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        out = op(*call, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    assert torch.autograd.gradcheck(first_output, grads, eps=1e-6, atol=1e-5)
+
+
+def test_dynamo_sees_the_training_kernels_as_operators() -> None:
+    """A Qwen2 MLP block as verl's NPU patches write it, compiled whole (``fullgraph``): the kernels are
+    single operators in the graph (their call counting happens inside the kernel), forward and backward
+    equal eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def block(x: Any, w: Any, up: Any) -> Any:
+        normed = npu.npu_rms_norm(x, w, 1e-6)[0]
+        return npu.npu_swiglu(normed @ up, -1).sum()
+
+    inputs = [
+        randn(4, 8, seed=295).requires_grad_(),
+        randn(8, seed=296).requires_grad_(),
+        randn(8, 12, seed=297),
+    ]
+    eager = torch.autograd.grad(block(*inputs), inputs[:2])
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(block, backend=backend, fullgraph=True)
+    got = torch.autograd.grad(compiled(*inputs), inputs[:2])
+    for a, b in zip(got, eager, strict=True):
+        torch.testing.assert_close(a, b)
+    targets = {str(node.target) for graph in backend.graphs for node in graph.graph.nodes}
+    assert {"npu.npu_rms_norm", "npu.npu_swiglu"} <= targets, targets
 
 
 def test_masked_input_and_mask_equals_vllms_own() -> None:

@@ -39,11 +39,10 @@ __all__ = ["SIMULATED", "_C", "__version__", "npu", "op_plugin", "optim", "profi
 def __getattr__(name: str) -> object:
     """``torch_npu.npu_*`` fused kernels: importable (transformers, verl and vLLM import them when
     torch_npu is present).  Those registered as ``torch.library`` operators by
-    ``npu_compat.testing._npu_ops`` (the ones vllm-ascend's eager path calls) are served as the real
-    package serves them, the operator packet itself (``.default``, ``.out``); those that
-    ``npu_compat.testing._npu_kernels`` computes in plain torch are served from there, their calls counted
-    (``torch.npu.call_count("torch_npu.<name>")``, and in the process's report); calling any other is the
-    compute boundary of the simulation."""
+    ``npu_compat.testing._npu_ops`` (the ones vllm-ascend's eager path calls, and those of transformers and
+    verl, with their autograd formulas, whose calls are counted: ``torch.npu.call_count("torch_npu.<name>")``
+    and the process's report) are served as the real package serves them, the operator packet itself
+    (``.default``, ``.out``); calling any other is the compute boundary of the simulation."""
     if name.startswith(("npu_", "_npu_")):  # only a kernel's name is looked up (nothing is imported else)
         from npu_compat.testing._npu_ops import TORCH_NPU_NAMES, torch_npu_names
 
@@ -52,14 +51,9 @@ def __getattr__(name: str) -> object:
             globals()[name] = operator
             return operator
     if name.startswith("npu_"):
-        from npu_compat.testing._npu_kernels import KERNELS, VARIANTS
-        from npu_compat.testing._torch_sim import compute_boundary, counted
+        from npu_compat.testing._torch_sim import compute_boundary
 
-        what = f"torch_npu.{name}"
-        if name in KERNELS:
-            kernel = counted(what, KERNELS[name], VARIANTS.get(name))
-        else:
-            kernel = compute_boundary(what)
+        kernel = compute_boundary(f"torch_npu.{name}")
         globals()[name] = kernel  # one object per name, as attributes of a real module
         return kernel
     raise AttributeError(f"module 'torch_npu' (simulated) has no attribute {name!r}")
