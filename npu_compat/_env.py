@@ -109,6 +109,11 @@ VLLM_PLUGINS = "VLLM_PLUGINS"
 #: (``start_weight_update``; ``wake_up``) until it is ``0``.  A value the user set is left alone.
 VLLM_ASCEND_ENABLE_NZ = "VLLM_ASCEND_ENABLE_NZ"
 
+# vLLM's (not ours): set by default by the simulated Ascend in a process that runs the real vllm-ascend
+# 0.18.0 (``npu_compat.testing._vllm_ascend_release.torch_defaults``).
+#: vLLM's ahead-of-time compilation, on by default from torch 2.10.
+VLLM_USE_AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
+
 # Ray's token authentication (not ours): read by ``doctor``, and set by the simulated Ascend's
 # NPU-only Ray cluster for itself and every client it serves.
 #: ``token``, ``disabled`` (or ``k8s``).  Unset, ``ray start --head`` turns token authentication

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import _env
-from ._vllm_ascend_release import RELEASES, is_laid_out, layout_dir
+from ._vllm_ascend_release import RELEASES, is_laid_out, layout_dir, torch_defaults
 
 #: The stand-ins' import packages and torch_npu's distribution.
 SIM_SITE = Path(__file__).resolve().with_name("_sim_site")
@@ -71,6 +71,13 @@ def vllm_platform_on(environ: Mapping[str, str]) -> bool:
     """False when ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM`` is off in ``environ`` (``0``, ``false``, ``no``,
     ``off``: as every on/off variable of ours)."""
     return not _env.is_false(environ.get(_env.SIMULATE_VLLM_PLATFORM))
+
+
+def paired_torch_defaults() -> dict[str, str]:
+    """What a process that runs the real vllm-ascend sets by default so that vLLM behaves as with the torch
+    that release pins (:func:`._vllm_ascend_release.torch_defaults`); empty without vLLM."""
+    vllm = installed_vllm()
+    return torch_defaults(vllm_ascend_release(vllm)) if vllm else {}
 
 
 def runs_real_vllm_ascend(environ: Mapping[str, str]) -> bool:

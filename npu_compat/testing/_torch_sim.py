@@ -872,11 +872,14 @@ def install() -> None:
         atexit.register(_release_autograd_workers)
         _keep_counts_reported()
         from ._npu_backend import VllmAscendCFinder
-        from ._sites import runs_real_vllm_ascend
+        from ._sites import paired_torch_defaults, runs_real_vllm_ascend
 
         finders: list[object] = list(sys.meta_path)
         if runs_real_vllm_ascend(os.environ) and VllmAscendCFinder not in finders:
             sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
+        if runs_real_vllm_ascend(os.environ):
+            for name, value in paired_torch_defaults().items():
+                os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
     torch._register_device_module("npu", npu)
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():

@@ -37,6 +37,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from .. import _env
+
 PYPI_SIMPLE = "https://pypi.org/simple"
 #: What ``vllm_ascend/_build_info.py`` says on the simulated host: an Ascend 910B3 is an A2 device
 #: (vllm-ascend's ``setup.py`` maps every ``ascend910b*`` SoC to ``A2``).
@@ -48,6 +50,8 @@ class Release:
     version: str
     filename: str
     sha256: str
+    #: The torch release it pins (its metadata's ``Requires-Dist``, its ``requirements.txt``).
+    torch: str
 
 
 RELEASES = {
@@ -57,14 +61,32 @@ RELEASES = {
             "0.18.0",
             "vllm_ascend-0.18.0-cp311-cp311-manylinux_2_24_x86_64.whl",
             "4d5f4cc392a6c4f4ccf209008823d6ae615473d665596cf3d042cb5a755271bd",
+            torch="2.9.0",
         ),
         Release(
             "0.23.0.post1",
             "vllm_ascend-0.23.0.post1.tar.gz",
             "a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1",
+            torch="2.10.0",
         ),
     )
 }
+
+
+def _before(version: str, floor: tuple[int, int]) -> bool:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and (int(match.group(1)), int(match.group(2))) < floor
+
+
+def torch_defaults(version: str) -> dict[str, str]:
+    """The vLLM settings whose default vLLM derives from torch's version, as they are on a host with the
+    torch that release ``version`` pins (the simulation runs a newer CPU torch).  vLLM 0.18 compiles its
+    model ahead of time (``VLLM_USE_AOT_COMPILE``, which forces AOTAutograd's cache) from torch 2.10 on;
+    vllm-ascend 0.18.0 pins torch 2.9.0, and its compiler (``AscendCompiler``, whose inner compile returns
+    an FX graph, not Inductor's output code) is not made for that cache."""
+    if _before(RELEASES[version].torch, (2, 10)):
+        return {_env.VLLM_USE_AOT_COMPILE: "0"}
+    return {}
 
 
 def layout_dir(version: str, prefix: str | None = None) -> Path:

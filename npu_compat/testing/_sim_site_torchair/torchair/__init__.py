@@ -6,15 +6,17 @@ The real torchair ships inside torch_npu (``torch_npu/dynamo/torchair``, importa
 torch.compile backend that lowers FX graphs to CANN's graph engine (GE), through compiled modules
 (``core/_torchair.so``, ``_npu_graph_executor.so``) that cannot load here.  vllm-ascend 0.18.0 imports it at
 module level and patches ``core._concrete_graph.ValuePack``, ``npu_fx_compiler`` and ``fx_summary``
-(``patch/worker/patch_npugraph_ex_triton.py``); those modules' Python that it touches is torch_npu
-2.13.0's.  Compiling a graph for the device (:func:`get_npu_backend`) and registering GE replacement
-patterns are the compute boundary.  It is on the path of a simulated process that runs the real
-vllm-ascend only (``npu_compat.testing._sites``).
+(``patch/worker/patch_npugraph_ex_triton.py``), and its fusion passes register their patterns with
+:func:`register_replacement` (``patterns/pattern_pass_manager.py``, torch_npu 2.13.0's as it is); those
+modules' Python that it touches is torch_npu 2.13.0's.  Compiling a graph for the device
+(:func:`get_npu_backend`) is the compute boundary.  It is on the path of a simulated process that runs the
+real vllm-ascend only (``npu_compat.testing._sites``).
 """
 
 from npu_compat.testing._boundary import needs_npu
 
 from . import core, fx_summary, npu_fx_compiler
+from .patterns.pattern_pass_manager import register_replacement
 
 _WHY = "torchair compiles for CANN's graph engine: run the engine with enforce_eager"
 
@@ -28,10 +30,6 @@ class CompilerConfig:
 
 def get_npu_backend(*, compiler_config=None):
     raise needs_npu("torchair.get_npu_backend", _WHY)
-
-
-def register_replacement(*args, **kwargs):
-    raise needs_npu("torchair.register_replacement", _WHY)
 
 
 __all__ = [

@@ -1,0 +1,1 @@
+"""SIMULATED torchair.patterns (npu_compat.testing)."""
