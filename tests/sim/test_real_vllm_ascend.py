@@ -327,6 +327,135 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
     assert seen["level2"] != seen["before"]
 
 
+@needs_backend
+@pytest.mark.parametrize("own", [None, "1"])
+def test_a_process_on_0_18_compiles_as_with_the_torch_it_pins(own: str | None) -> None:
+    """vLLM 0.18 compiles ahead of time from torch 2.10 on (``VLLM_USE_AOT_COMPILE``); vllm-ascend 0.18.0 pins
+    torch 2.9.0, so a process that runs it has it off by default, and a user's own setting stands."""
+    extra = {"VLLM_USE_AOT_COMPILE": own} if own else {}
+    seen = real_run(
+        "import json, os, torch, torch_npu\n"
+        "from vllm import envs\n"
+        "print(json.dumps({'aot': envs.VLLM_USE_AOT_COMPILE}))\n",
+        **extra,
+    )
+    assert seen["aot"] is (own == "1" or RELEASE != "0.18.0")
+
+
+GRAPH_MODE = """
+import json, multiprocessing, os, tempfile
+import torch
+from tests.e2e.tiny_model import make_tiny_model
+
+def load_in_place(self, path):
+    \"\"\"Trinity's sync (``vllm_worker.update_weight``): ``model.load_weights``; how many storages moved.\"\"\"
+    model = self.model_runner.model
+    before = {n: p.untyped_storage().data_ptr() for n, p in model.named_parameters()}
+    model.load_weights(weights=list(torch.load(path).items()))
+    return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
+
+def reallocate(self, keep_old):
+    \"\"\"What a reload that re-allocates does to each parameter (``layer.weight.data = f(layer.weight.data)``,
+    as vllm-ascend's ``.contiguous()``/``npu_format_cast`` reassignments): same values, new memory.\"\"\"
+    old = []
+    for p in self.model_runner.model.parameters():
+        old.append(p.data)
+        p.data = p.data.clone()
+    self.kept_old = old if keep_old else None
+    return len(old)
+
+def main():
+    tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    original = {k: v.clone() for k, v in hf.state_dict().items()}
+    gen = torch.Generator().manual_seed(7)
+    # each parameter once: the tiny model ties its output layer to the embedding, as vLLM's load_weights does
+    params = {k: v.detach() for k, v in hf.named_parameters()}
+    weights = [{k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in params.items()} for _ in range(3)]
+    paths = []
+    for i, sd in enumerate(weights):
+        paths.append(os.path.join(tempfile.mkdtemp(), f"w{i}.pt"))
+        torch.save(sd, paths[-1])
+    prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
+
+    def reference(sd):
+        hf.load_state_dict(sd, strict=False)
+        return [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                            max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
+
+    from vllm import LLM, SamplingParams
+    # Trinity's rollout defaults: enforce_eager False (vLLM's graph mode, on vllm-ascend ACL graphs)
+    llm = LLM(model=str(tiny), enforce_eager=False, dtype="float32", max_model_len=256, seed=0,
+              additional_config={"ascend_compilation_config": {"enable_npugraph_ex": False}})
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def generate():
+        llm.reset_prefix_cache()  # as Trinity does after a sync: no KV of the old weights is reused
+        return [list(r.outputs[0].token_ids) for r in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)]
+
+    out = {"mode": llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name}
+    out["start"], out["start_ref"] = generate(), reference(original)
+    out["moved_in_place"] = llm.collective_rpc(load_in_place, args=(paths[0],))[0]
+    out["in_place"], out["in_place_ref"] = generate(), reference(weights[0])
+    out["reallocated"] = llm.collective_rpc(reallocate, args=(True,))[0]
+    llm.collective_rpc(load_in_place, args=(paths[1],))
+    out["stale"], out["stale_ref"] = generate(), reference(weights[1])
+    # what the stale graphs compute: the decoder on the weights of before (the memory they captured), the
+    # logits -- computed outside the graphs, by the output layer tied to the embedding -- on the new ones
+    hf.load_state_dict(weights[0], strict=False)
+    hf.lm_head.weight = torch.nn.Parameter(weights[1]["model.embed_tokens.weight"].clone())
+    out["stale_mixed_ref"] = reference({})
+    llm.collective_rpc(reallocate, args=(False,))
+    llm.collective_rpc(load_in_place, args=(paths[2],))
+    try:
+        out["freed"] = generate()
+    except Exception as e:
+        out["freed"] = f"{type(e).__name__}: {e}"
+        for child in multiprocessing.active_children():  # the engine process prints why it died: let it finish
+            child.join(60)
+    print(json.dumps(out))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@needs_backend
+@pytest.mark.many_processes
+@engine_runs
+def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
+    """The real 0.18.0 engine at Trinity's rollout defaults (``enforce_eager`` False: vLLM's
+    FULL_AND_PIECEWISE, which vllm-ascend runs as PIECEWISE ACL graphs), with torchair's npugraph_ex off.
+
+    Its graphs generate what transformers generates.  Trinity's sync (``model.load_weights``) writes every
+    parameter in place -- no storage moves -- and the next replay generates what the new weights generate.  A
+    reload that re-allocates the parameters leaves the graphs on the old memory: while that memory is still
+    held, the replay reads the weights of before (stale); once nothing but the graph holds it, the replay
+    fails naming the parameter (on the device: garbage, or ERR99999)."""
+    env = sim_env(
+        1, **REAL, VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_PORT=str(free_port()),
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",  # collective_rpc ships the two functions above
+    )  # fmt: skip
+    proc = run_py(GRAPH_MODE, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=600)
+    seen = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert seen["mode"] == "PIECEWISE"
+    assert seen["start"] == seen["start_ref"]
+    assert seen["moved_in_place"] == 0
+    assert seen["in_place"] == seen["in_place_ref"] != seen["start"]
+    assert seen["reallocated"] > 0
+    assert seen["stale"] == seen["stale_mixed_ref"]
+    assert seen["stale"] != seen["stale_ref"]
+    assert str(seen["freed"]).startswith("EngineDeadError")  # the engine core died of it:
+    assert (
+        "GraphReplayError: simulated npu: ACL graph replay reads memory that only the graph still holds"
+        in (proc.stderr)
+    )
+    assert "a Parameter float32[" in proc.stderr
+
+
 def _trinity() -> str | None:
     try:
         return importlib.metadata.version("trinity-rft")

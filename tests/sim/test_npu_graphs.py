@@ -1,0 +1,101 @@
+"""ACL graphs on the simulated Ascend: what a replay reads, as on the device.
+
+A graph is captured with ``torch.npu.graph`` (torch_npu's API, as vllm-ascend's ``ACLGraphWrapper`` uses it)
+in a fresh simulated-Ascend interpreter, then replayed after the ways an RL framework updates weights: in
+place, by re-allocating while the old memory is still held, and by re-allocating and dropping it.
+"""
+
+from __future__ import annotations
+
+from tests.sim.npu_backend import needs_backend, sim_json
+
+pytestmark = needs_backend
+
+LINEAR = """
+import json, torch, torch_npu
+from npu_compat.testing._npu_graphs import GraphReplayError
+torch.manual_seed(0)
+lin = torch.nn.Linear(4, 3).to("npu:0")
+x = torch.randn(2, 4, device="npu:0")
+out = {}
+g = torch.npu.NPUGraph()
+with torch.inference_mode():
+    with torch.npu.graph(g):
+        out["capturing"] = torch.npu.is_current_stream_capturing()
+        y = torch.relu(lin(x)) * 2
+    out["after"] = torch.npu.is_current_stream_capturing()
+    eager = lambda: (torch.relu(lin(x)) * 2).tolist()
+    x.copy_(torch.randn(2, 4))                      # the runner fills its static input buffer
+    g.replay()
+    out["new_input"] = y.tolist() == eager()
+    lin.weight.copy_(torch.randn(3, 4))              # a sync in place: the same memory
+    g.replay()
+    out["in_place"] = y.tolist() == eager()
+    old = lin.weight.data
+    lin.weight.data = torch.randn(3, 4, device="npu:0")   # a sync that re-allocates; the old memory still held
+    g.replay()
+    out["reallocated_seen"] = y.tolist() == eager()
+    out["reads_the_old"] = y.tolist() == (torch.relu(x @ old.T + lin.bias) * 2).tolist()
+    del old                                          # now only the graph holds it
+    try:
+        g.replay()
+        out["freed"] = "replayed"
+    except GraphReplayError as e:
+        out["freed"] = str(e)
+    out["is_runtime_error"] = issubclass(GraphReplayError, RuntimeError)
+print(json.dumps(out))
+"""
+
+
+def test_a_replay_reads_the_memory_it_captured() -> None:
+    out = sim_json(LINEAR, devices=1)
+    assert out["capturing"] and not out["after"]
+    assert out["new_input"] and out["in_place"]
+    assert not out["reallocated_seen"] and out["reads_the_old"]
+    assert out["freed"].startswith(
+        "simulated npu: ACL graph replay reads memory that only the graph still holds -- "
+        "argument 1 of aten.linear.default: a Parameter float32[3, 4] at 0x"
+    )
+    assert out["is_runtime_error"]
+
+
+KERNELS_AND_VIEWS = """
+import json, torch, torch_npu
+torch.manual_seed(0)
+out = {}
+with torch.inference_mode():
+    x = torch.randn(6, 16, device="npu:0")
+    w = torch.randn(16, device="npu:0")
+    cache = torch.zeros(4, 16, device="npu:0")
+    slots = torch.tensor([0, 2], device="npu:0")
+
+    def step():
+        y = torch_npu.npu_rms_norm(x, w)[0]      # a torch.library kernel, one task
+        cache.index_copy_(0, slots, y[:2])        # in place, on a view of a result
+        return torch_npu.npu_swiglu(y.view(6, 2, 8), -1).sum(-1), cache
+
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        captured, _ = step()
+    out["tasks"] = g.captured_tasks()
+    x.copy_(torch.randn(6, 16))
+    w.mul_(3)
+    cache.zero_()
+    g.replay()
+    graph_out, graph_cache = captured.clone(), cache.clone()
+    cache.zero_()
+    want, want_cache = step()
+    out["equal"] = torch.equal(graph_out, want) and torch.equal(graph_cache, want_cache)
+    g2 = torch.npu.NPUGraph()
+    with torch.npu.graph(g2):
+        torch.ones(3) * 2
+    out["cpu_only_is_not_captured"] = g2.captured_tasks() == 0
+print(json.dumps(out))
+"""
+
+
+def test_replay_reruns_kernels_in_place_updates_and_views_in_order() -> None:
+    out = sim_json(KERNELS_AND_VIEWS, devices=1)
+    assert out["tasks"] >= 4
+    assert out["equal"]
+    assert out["cpu_only_is_not_captured"]
