@@ -1,0 +1,90 @@
+"""The rollout's tokens per second on the simulated Ascend: ACL graph mode against eager, real vllm-ascend.
+
+Run in a stack with vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c:
+``.nox/stack-c/bin/python bench/acl_graphs.py [rounds]``).
+
+One engine per mode on the tiny Qwen2 of ``tests/e2e/tiny_model.py``, each in its own simulated-Ascend process
+(TP 1): eager (``enforce_eager=True``) and graph mode at Trinity's rollout default (``enforce_eager=False``,
+which vllm-ascend runs as PIECEWISE ACL graphs; npugraph_ex off, as the simulation needs).  Each generates a
+batch of 16 prompts, 64 greedy tokens each, ``rounds`` times after a warm-up; the median tokens per second of
+each mode and their ratio (graph / eager) are printed, and whether the two modes generated the same tokens.
+No floor: on the device graphs save the host's launch time, which a simulated device does not have (each
+replay reruns the captured operators in Python).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from npu_compat.testing import _sites  # noqa: E402
+from npu_compat.testing._host import simulation_env  # noqa: E402
+
+ENGINE = """
+import json, os, sys, tempfile, time
+sys.path.insert(0, os.environ["BENCH_REPO"])
+from tests.e2e.tiny_model import make_tiny_model
+
+def main():
+    tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=str(tiny), enforce_eager=os.environ["BENCH_EAGER"] == "1", dtype="float32",
+              max_model_len=256, seed=0, gpu_memory_utilization=0.05,
+              additional_config={"ascend_compilation_config": {"enable_npugraph_ex": False}})
+    prompts = [{"prompt_token_ids": [4 + (i * 7 + j) % 50 for j in range(8)]} for i in range(16)]
+    greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    llm.generate(prompts, greedy, use_tqdm=False)  # warm-up
+    rates, tokens = [], None
+    for _ in range(int(os.environ["BENCH_ROUNDS"])):
+        start = time.perf_counter()
+        out = llm.generate(prompts, greedy, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        tokens = [list(r.outputs[0].token_ids) for r in out]
+        rates.append(sum(len(t) for t in tokens) / elapsed)
+    print(json.dumps({"rates": rates, "tokens": tokens}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def run(eager: bool, rounds: int) -> dict[str, list[float]]:
+    env = simulation_env(1, vllm_ascend="real")
+    env.update(
+        BENCH_REPO=str(REPO), BENCH_EAGER="1" if eager else "0", BENCH_ROUNDS=str(rounds),
+        VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn",
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run(
+            [sys.executable, "-c", ENGINE], env=env, cwd=cwd, capture_output=True, text=True, check=False
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"the {'eager' if eager else 'graph'} engine failed:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    vllm = _sites.installed_vllm()
+    if vllm is None or _sites.vllm_ascend_release(vllm) != "0.18.0":
+        raise SystemExit("needs vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c)")
+    os.environ.pop("NPU_COMPAT_SIMULATE", None)
+    eager, graph = run(True, rounds), run(False, rounds)
+    e, g = statistics.median(eager["rates"]), statistics.median(graph["rates"])
+    print(f"eager:      {e:8.1f} tokens/s (median of {rounds})")
+    print(f"ACL graphs: {g:8.1f} tokens/s (median of {rounds})")
+    print(f"graph / eager: {g / e:.2f}  (no floor: see the docstring)")
+    print(f"same tokens: {eager['tokens'] == graph['tokens']}")
+
+
+if __name__ == "__main__":
+    main()
