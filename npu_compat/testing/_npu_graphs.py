@@ -33,6 +33,7 @@ FULL graphs) are not modelled yet: they stay the compute boundary.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -162,7 +163,7 @@ class _Capture(TorchDispatchMode):  # type: ignore[misc]
         mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         views = not mutates and any(r.alias_info is not None for r in schema.returns)
         name = str(func)
-        position = iter(range(10_000))
+        position = itertools.count()
 
         def pin(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):

@@ -7,10 +7,13 @@ docstrings (``_op_plugin_docs.py``) and its meta registrations
 (``op_plugin/meta/_meta_registrations.py``, which give the output shapes).  They are made of
 ordinary torch operators, so they run on whatever tensors they get (on the device and in the
 dtype of their input; fp16/bf16 attention and norms accumulate in float32 as the real
-kernels do) and autograd differentiates them.
+kernels do).
 
-:data:`KERNELS` maps each ``torch_npu`` name to its function; the simulated ``torch_npu``
-serves these and keeps every other ``npu_*`` name a compute boundary.
+:data:`KERNELS` maps each ``torch_npu`` name to its function.  Each is registered (by
+``_npu_ops.register``) as an ``npu::`` operator with torch_npu's schema (:data:`SCHEMAS`), a fake
+implementation (:data:`OPERATORS`) and an autograd formula (:data:`AUTOGRAD`) that calls the backward kernel
+torch_npu's own formula names (``npu_*_backward``, ``npu_fusion_attention_grad``); the simulated
+``torch_npu`` serves the operators and keeps every other ``npu_*`` name a compute boundary.
 
 Computed:
 

@@ -874,10 +874,10 @@ def install() -> None:
         from ._npu_backend import VllmAscendCFinder
         from ._sites import paired_torch_defaults, runs_real_vllm_ascend
 
-        finders: list[object] = list(sys.meta_path)
-        if runs_real_vllm_ascend(os.environ) and VllmAscendCFinder not in finders:
-            sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
         if runs_real_vllm_ascend(os.environ):
+            finders: list[object] = list(sys.meta_path)
+            if VllmAscendCFinder not in finders:
+                sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
             for name, value in paired_torch_defaults().items():
                 os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
     torch._register_device_module("npu", npu)

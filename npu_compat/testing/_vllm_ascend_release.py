@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .. import _env
+from .._versions import version_in_range
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 #: What ``vllm_ascend/_build_info.py`` says on the simulated host: an Ascend 910B3 is an A2 device
@@ -73,18 +74,13 @@ RELEASES = {
 }
 
 
-def _before(version: str, floor: tuple[int, int]) -> bool:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return match is not None and (int(match.group(1)), int(match.group(2))) < floor
-
-
 def torch_defaults(version: str) -> dict[str, str]:
     """The vLLM settings whose default vLLM derives from torch's version, as they are on a host with the
     torch that release ``version`` pins (the simulation runs a newer CPU torch).  vLLM 0.18 compiles its
     model ahead of time (``VLLM_USE_AOT_COMPILE``, which forces AOTAutograd's cache) from torch 2.10 on;
     vllm-ascend 0.18.0 pins torch 2.9.0, and its compiler (``AscendCompiler``, whose inner compile returns
     an FX graph, not Inductor's output code) is not made for that cache."""
-    if _before(RELEASES[version].torch, (2, 10)):
+    if version_in_range(RELEASES[version].torch, "<2.10"):
         return {_env.VLLM_USE_AOT_COMPILE: "0"}
     return {}
 
