@@ -109,10 +109,15 @@ VLLM_PLUGINS = "VLLM_PLUGINS"
 #: (``start_weight_update``; ``wake_up``) until it is ``0``.  A value the user set is left alone.
 VLLM_ASCEND_ENABLE_NZ = "VLLM_ASCEND_ENABLE_NZ"
 
-# vLLM's (not ours): set by default by the simulated Ascend in a process that runs the real vllm-ascend
-# 0.18.0 (``npu_compat.testing._vllm_ascend_release.torch_defaults``).
+# vLLM's (not ours): set to ``0`` by default by the simulated Ascend in a process that runs the real
+# vllm-ascend 0.18.0 (``npu_compat.testing._vllm_ascend_release.torch_defaults``).
 #: vLLM's ahead-of-time compilation, on by default from torch 2.10.
 VLLM_USE_AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
+
+# torch's (not ours): set to ``0`` by default by the simulated Ascend in a process that runs the real
+# vllm-ascend 0.18.0, whose pinned torch 2.9.0 has no custom-operator aliasing check.
+#: Whether AOTAutograd's custom-operator aliasing check raises (default: whether ``CI`` is set) or warns.
+TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
 
 # Ray's token authentication (not ours): read by ``doctor``, and set by the simulated Ascend's
 # NPU-only Ray cluster for itself and every client it serves.

@@ -75,13 +75,20 @@ RELEASES = {
 
 
 def torch_defaults(version: str) -> dict[str, str]:
-    """The vLLM settings whose default vLLM derives from torch's version, as they are on a host with the
-    torch that release ``version`` pins (the simulation runs a newer CPU torch).  vLLM 0.18 compiles its
-    model ahead of time (``VLLM_USE_AOT_COMPILE``, which forces AOTAutograd's cache) from torch 2.10 on;
-    vllm-ascend 0.18.0 pins torch 2.9.0, and its compiler (``AscendCompiler``, whose inner compile returns
-    an FX graph, not Inductor's output code) is not made for that cache."""
+    """The settings whose default vLLM or torch derives from torch's version, as they are on a host with the
+    torch that release ``version`` pins (the simulation runs a newer CPU torch).
+
+    * vLLM 0.18 compiles its model ahead of time (``VLLM_USE_AOT_COMPILE``, which forces AOTAutograd's
+      cache) from torch 2.10 on; vllm-ascend 0.18.0 pins torch 2.9.0, and its compiler (``AscendCompiler``,
+      whose inner compile returns an FX graph, not Inductor's output code) is not made for that cache.
+    * torch 2.13's AOTAutograd checks that a custom operator's output does not alias its input, and makes a
+      violation an error where ``CI`` is set (``TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING``'s default);
+      torch 2.9.0 has no such check.  vllm-ascend 0.18.0's ``vllm::maybe_pad_and_reduce`` returns its input
+      unchanged at one rank (``tensor_model_parallel_all_reduce``), so a user's CI would fail where the
+      pinned torch runs.  The check still warns.
+    """
     if version_in_range(RELEASES[version].torch, "<2.10"):
-        return {_env.VLLM_USE_AOT_COMPILE: "0"}
+        return {_env.VLLM_USE_AOT_COMPILE: "0", _env.TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING: "0"}
     return {}
 
 

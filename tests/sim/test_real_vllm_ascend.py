@@ -330,16 +330,22 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
 @needs_backend
 @pytest.mark.parametrize("own", [None, "1"])
 def test_a_process_on_0_18_compiles_as_with_the_torch_it_pins(own: str | None) -> None:
-    """vLLM 0.18 compiles ahead of time from torch 2.10 on (``VLLM_USE_AOT_COMPILE``); vllm-ascend 0.18.0 pins
-    torch 2.9.0, so a process that runs it has it off by default, and a user's own setting stands."""
-    extra = {"VLLM_USE_AOT_COMPILE": own} if own else {}
+    """Two defaults torch 2.13 changes against the torch 2.9.0 that vllm-ascend 0.18.0 pins, as a user's CI
+    (``CI`` set) meets them: vLLM 0.18 compiles ahead of time from torch 2.10 on (``VLLM_USE_AOT_COMPILE``),
+    and AOTAutograd raises on a custom operator whose output aliases its input (0.18.0's
+    ``vllm::maybe_pad_and_reduce`` at one rank).  A process that runs 0.18.0 has both off by default; a
+    user's own setting stands."""
+    extra = {"VLLM_USE_AOT_COMPILE": own, "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING": own} if own else {}
     seen = real_run(
         "import json, os, torch, torch_npu\n"
+        "import torch._functorch.config as aot\n"
         "from vllm import envs\n"
-        "print(json.dumps({'aot': envs.VLLM_USE_AOT_COMPILE}))\n",
+        "print(json.dumps({'aot': envs.VLLM_USE_AOT_COMPILE, 'alias': aot.error_on_custom_op_aliasing}))\n",
+        CI="1",
         **extra,
     )
-    assert seen["aot"] is (own == "1" or RELEASE != "0.18.0")
+    pinned = own is None and RELEASE == "0.18.0"
+    assert seen == {"aot": not pinned, "alias": not pinned}
 
 
 GRAPH_MODE = """
