@@ -341,6 +341,17 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         remove_when=_NATIVE_RELEASE,
     ),
     PatchSpec(
+        "trinity.vllm_worker.graph_safe_sync",
+        "trinity.common.models.vllm_worker:WorkerExtension.update_weight",
+        distribution=_TRINITY, versions=">=0.5.2,<0.6", condition=_P + "trinity_vllm:has_npu_worker",
+        wrapper=_P + "trinity_vllm:graph_safe_sync",
+        why="an ACL graph replays the memory it was captured with and vllm-ascend cannot capture again: a "
+        "sync whose loader re-allocates a parameter leaves the rollout generating from the old weights "
+        "(field failure F1). Every parameter and buffer keeps its storage across the sync",
+        upstream_fix="vllm-ascend's graph-safe weight updates (RFC 'Make live weight updates transactional')",
+        remove_when="a vllm-ascend release whose reload keeps every storage, or Trinity syncing through it",
+    ),
+    PatchSpec(
         "trinity.config_validator.npu_memory_check",
         "trinity.common.config_validator:GPUMemoryValidator.validate_trainer_memory_usage",
         distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,

@@ -1,4 +1,4 @@
-"""Trinity-RFT 0.6.0's vLLM side on Ascend: the worker class and the trainer's weight-sync engine.
+"""Trinity-RFT's vLLM side on Ascend: the worker class, its weight sync, and the trainer's weight-sync engine.
 
 * ``TrinityGPUWorker`` (A9/A12): Trinity hands vLLM ``worker_cls=
   "trinity.common.models.vllm_worker.TrinityGPUWorker"``, a subclass of vLLM's CUDA
@@ -15,6 +15,14 @@
   vLLM's ``NCCLWeightTransferEngine`` directly (so vllm-ascend's factory remap of "nccl"
   does not reach it) and tears down with ``destroy()``, which ``PyHcclCommunicator`` lacks.
   The replacement uses vllm-ascend's ``HCCLWeightTransferEngine`` with the same calls.
+* ``WorkerExtension.update_weight`` (0.5.2's sync, every sync method): an ACL graph replays the
+  memory it was captured with, and vllm-ascend, unlike vLLM's CUDA path, cannot capture again.  A
+  sync whose loader re-allocates a parameter or buffer (``layer.weight.data = f(...)``, as vllm-ascend's
+  ``.contiguous()`` and ``npu_format_cast`` reassignments do) leaves the graphs reading the old
+  memory.  Around each sync every parameter and buffer keeps its storage: a moved one is copied
+  back into its old storage and bound to it again.  One whose shape, dtype or strides changed
+  cannot be kept; with graphs captured the sync then fails naming it, instead of a rollout that
+  generates from stale weights.
 """
 
 from __future__ import annotations
@@ -111,6 +119,90 @@ def weights_not_nz(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: d
     """
     _effects.setenv(_env.VLLM_ASCEND_ENABLE_NZ, "0", keep=True)
     return wrapped(*args, **kwargs)
+
+
+class GraphUnsafeSync(RuntimeError):
+    """A weight sync moved a tensor that the engine's ACL graphs read, and it could not be put back."""
+
+
+def _tensors(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
+    """(qualified name, owning module, attribute, tensor) of every parameter and buffer, shared ones once."""
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        for kind in ("_parameters", "_buffers"):
+            for attr, tensor in getattr(module, kind).items():
+                if tensor is not None and id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    yield (f"{prefix}.{attr}" if prefix else attr, module, attr, tensor)
+
+
+def _runs_graphs(worker: Any) -> bool:
+    """Whether the worker's engine replays captured graphs (vLLM's ``cudagraph_mode``, ACL graphs here)."""
+    config = getattr(getattr(worker, "vllm_config", None), "compilation_config", None)
+    mode = getattr(config, "cudagraph_mode", None)
+    return mode is not None and getattr(mode, "name", str(mode)) != "NONE"
+
+
+def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
+    """Run ``sync()`` so that every parameter and buffer of ``model`` keeps the storage it had.
+
+    Returns ``(sync's result, tensors checked, tensors put back)``.  A tensor whose storage moved,
+    with its shape, dtype and strides unchanged, is copied back into the old storage, and the module
+    is bound to the old tensor object again (the same ``Parameter``, so the loaders and attributes
+    it carries stay).  Where that cannot be done and ``graphs`` is true, :class:`GraphUnsafeSync`.
+    """
+    import torch
+
+    before = [(name, module, attr, tensor, tensor.data) for name, module, attr, tensor in _tensors(model)]
+    result = sync()
+    restored = 0
+    unsafe = []
+    with torch.no_grad():
+        for name, module, attr, tensor, kept in before:
+            kind = "_parameters" if attr in module._parameters else "_buffers"
+            now = getattr(module, kind).get(attr)
+            if now is None:
+                unsafe.append(f"{name} (removed)")
+                continue
+            if now.data.untyped_storage().data_ptr() == kept.untyped_storage().data_ptr():
+                if now is not tensor:  # a new object over the same memory: keep the original one
+                    getattr(module, kind)[attr] = tensor
+                    tensor.data = now.data
+                continue
+            if (now.shape, now.dtype, now.stride()) != (kept.shape, kept.dtype, kept.stride()):
+                unsafe.append(f"{name} ({kept.dtype} {list(kept.shape)} -> {now.dtype} {list(now.shape)})")
+                continue
+            kept.copy_(now.data)
+            tensor.data = kept
+            getattr(module, kind)[attr] = tensor
+            restored += 1
+    if unsafe and graphs:
+        raise GraphUnsafeSync(
+            f"the weight sync re-allocated {len(unsafe)} tensor(s) the rollout's ACL graphs read, and "
+            f"npu-compat cannot put them back in place: {', '.join(unsafe[:5])}. The graphs would replay "
+            "the old weights; run the rollout engine eagerly (explorer.rollout_model.enforce_eager: true)."
+        )
+    return (result, len(before), restored)
+
+
+def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``WorkerExtension.update_weight``: the sync, with every parameter and buffer kept in its storage."""
+    import logging
+
+    model = getattr(getattr(instance, "model_runner", None), "model", None)
+    if not callable(getattr(model, "named_modules", None)):  # no torch module to keep: the sync as it is
+        return wrapped(*args, **kwargs)
+    (result, checked, restored) = keep_storages(
+        model, lambda: wrapped(*args, **kwargs), _runs_graphs(instance)
+    )
+    if restored:
+        logging.getLogger("npu_compat").info(
+            "weight sync: %d of %d tensors were re-allocated by the loader and put back in place, "
+            "so the ACL graphs read the new weights",
+            restored,
+            checked,
+        )
+    return result
 
 
 def has_hccl_engine() -> str | None:

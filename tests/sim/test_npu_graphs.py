@@ -99,3 +99,77 @@ def test_replay_reruns_kernels_in_place_updates_and_views_in_order() -> None:
     assert out["tasks"] >= 4
     assert out["equal"]
     assert out["cpu_only_is_not_captured"]
+
+
+GUARDED_SYNC = """
+import json, torch, torch_npu
+from npu_compat.patches.trinity_vllm import GraphUnsafeSync, keep_storages
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3)).to("npu:0")
+model.register_buffer("scale", torch.full((3,), 2.0, device="npu:0"))
+x = torch.randn(2, 4, device="npu:0")
+out = {}
+
+def reallocating_sync(weights, held):
+    # a loader that re-allocates before it loads: ``layer.weight.data = f(layer.weight.data)`` (vllm-ascend's
+    # ``.contiguous()`` and ``npu_format_cast`` reassignments), a new Parameter object, a new buffer
+    for p in model.parameters():
+        held.append(p.data)
+        p.data = p.data.clone()
+    held.append(model[0].bias)
+    model[0].bias = torch.nn.Parameter(model[0].bias.data.clone())
+    held.append(model.scale)
+    model.scale = model.scale.clone()
+    model.load_state_dict(weights)
+    return "loaded"
+
+def new_weights():
+    return {k: torch.randn(v.shape) for k, v in model.state_dict().items()}
+
+with torch.inference_mode():
+    ptrs = {k: v.untyped_storage().data_ptr() for k, v in model.state_dict().items()}
+    bias = model[0].bias
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        y = model(x) * model.scale
+    eager = lambda: (model(x) * model.scale).tolist()
+    result, checked, restored = keep_storages(model, lambda: reallocating_sync(new_weights(), []), graphs=True)
+    out["guarded"] = {"result": result, "checked": checked, "restored": restored,
+                      "same_storages": ptrs == {k: v.untyped_storage().data_ptr() for k, v in model.state_dict().items()},
+                      "same_parameter": model[0].bias is bias}
+    g.replay()
+    out["guarded"]["replay_is_new_weights"] = y.tolist() == eager()
+    lin = model[0]
+    captured = lin.weight.data
+    reshape = lambda: setattr(lin.weight, "data", lin.weight.data.t().contiguous())
+    try:
+        keep_storages(model, reshape, graphs=True)
+    except GraphUnsafeSync as e:
+        out["reshaped"] = str(e)
+    lin.weight.data = captured
+    out["reshaped_eager"] = keep_storages(model, reshape, graphs=False)[1:]
+    lin.weight.data = captured
+    held = []
+    reallocating_sync(new_weights(), held)       # stock: the same sync without npu-compat
+    g.replay()
+    out["stock_replay_is_new_weights"] = y.tolist() == eager()
+print(json.dumps(out))
+"""
+
+
+def test_npu_compats_sync_keeps_every_storage_the_graphs_read() -> None:
+    """npu-compat's sync guard (``trinity.vllm_worker.graph_safe_sync``): a sync that re-allocates parameters,
+    replaces a Parameter object and a buffer, then loads, leaves every tensor in the storage it had; the replay
+    then computes the new weights, where the same sync without it replays the old ones.  A tensor whose shape
+    changed cannot be kept: with graphs the sync fails naming it; eager, it passes."""
+    out = sim_json(GUARDED_SYNC, devices=1)
+    assert out["guarded"] == {
+        "result": "loaded", "checked": 5, "restored": 5, "same_storages": True, "same_parameter": True,
+        "replay_is_new_weights": True,
+    }  # fmt: skip
+    assert out["reshaped"].startswith(
+        "the weight sync re-allocated 1 tensor(s) the rollout's ACL graphs read, and npu-compat cannot put them "
+        "back in place: 0.weight (torch.float32 [3, 4] -> torch.float32 [4, 3])."
+    )
+    assert out["reshaped_eager"] == [5, 0]
+    assert out["stock_replay_is_new_weights"] is False

@@ -185,6 +185,18 @@ import json, os, tempfile
 import torch
 from tests.e2e.tiny_model import make_tiny_model
 
+def guarded(self, path):
+    \"\"\"The same re-allocating reload, through npu-compat's sync guard (``trinity.vllm_worker.graph_safe_sync``,
+    which wraps Trinity's ``update_weight``); how many storages moved.\"\"\"
+    from npu_compat.patches.trinity_vllm import graph_safe_sync
+    model = self.model_runner.model
+    before = {n: p.untyped_storage().data_ptr() for n, p in model.named_parameters()}
+    def sync():
+        reallocate(self, keep_old=False)
+        model.load_weights(weights=list(torch.load(path).items()))
+    graph_safe_sync(lambda: sync(), self, (), {})
+    return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
+
 def main():
     tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
     from vllm import LLM, SamplingParams
@@ -370,6 +382,18 @@ def reallocate(self, keep_old):
     self.kept_old = old if keep_old else None
     return len(old)
 
+def guarded(self, path):
+    \"\"\"The same re-allocating reload, through npu-compat's sync guard (``trinity.vllm_worker.graph_safe_sync``,
+    which wraps Trinity's ``update_weight``); how many storages moved.\"\"\"
+    from npu_compat.patches.trinity_vllm import graph_safe_sync
+    model = self.model_runner.model
+    before = {n: p.untyped_storage().data_ptr() for n, p in model.named_parameters()}
+    def sync():
+        reallocate(self, keep_old=False)
+        model.load_weights(weights=list(torch.load(path).items()))
+    graph_safe_sync(lambda: sync(), self, (), {})
+    return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
+
 def main():
     tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
     from transformers import AutoModelForCausalLM
@@ -379,7 +403,7 @@ def main():
     gen = torch.Generator().manual_seed(7)
     # each parameter once: the tiny model ties its output layer to the embedding, as vLLM's load_weights does
     params = {k: v.detach() for k, v in hf.named_parameters()}
-    weights = [{k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in params.items()} for _ in range(3)]
+    weights = [{k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in params.items()} for _ in range(4)]
     paths = []
     for i, sd in enumerate(weights):
         paths.append(os.path.join(tempfile.mkdtemp(), f"w{i}.pt"))
@@ -406,16 +430,18 @@ def main():
     out["start"], out["start_ref"] = generate(), reference(original)
     out["moved_in_place"] = llm.collective_rpc(load_in_place, args=(paths[0],))[0]
     out["in_place"], out["in_place_ref"] = generate(), reference(weights[0])
+    out["moved_guarded"] = llm.collective_rpc(guarded, args=(paths[1],))[0]
+    out["guarded"], out["guarded_ref"] = generate(), reference(weights[1])
     out["reallocated"] = llm.collective_rpc(reallocate, args=(True,))[0]
-    llm.collective_rpc(load_in_place, args=(paths[1],))
-    out["stale"], out["stale_ref"] = generate(), reference(weights[1])
+    llm.collective_rpc(load_in_place, args=(paths[2],))
+    out["stale"], out["stale_ref"] = generate(), reference(weights[2])
     # what the stale graphs compute: the decoder on the weights of before (the memory they captured), the
     # logits -- computed outside the graphs, by the output layer tied to the embedding -- on the new ones
-    hf.load_state_dict(weights[0], strict=False)
-    hf.lm_head.weight = torch.nn.Parameter(weights[1]["model.embed_tokens.weight"].clone())
+    hf.load_state_dict(weights[1], strict=False)
+    hf.lm_head.weight = torch.nn.Parameter(weights[2]["model.embed_tokens.weight"].clone())
     out["stale_mixed_ref"] = reference({})
     llm.collective_rpc(reallocate, args=(False,))
-    llm.collective_rpc(load_in_place, args=(paths[2],))
+    llm.collective_rpc(load_in_place, args=(paths[3],))
     try:
         out["freed"] = generate()
     except Exception as e:
@@ -437,7 +463,8 @@ def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
 
     Its graphs generate what transformers generates.  Trinity's sync (``model.load_weights``) writes every
     parameter in place -- no storage moves -- and the next replay generates what the new weights generate.  A
-    reload that re-allocates the parameters leaves the graphs on the old memory: while that memory is still
+    reload that re-allocates the parameters, through npu-compat's sync guard, keeps every storage and the replay
+    generates the new weights' tokens.  Without the guard it leaves the graphs on the old memory: while that memory is still
     held, the replay reads the weights of before (stale); once nothing but the graph holds it, the replay
     fails naming the parameter (on the device: garbage, or ERR99999)."""
     seen = real_run(
@@ -447,6 +474,8 @@ def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
     assert seen["start"] == seen["start_ref"]
     assert seen["moved_in_place"] == 0
     assert seen["in_place"] == seen["in_place_ref"] != seen["start"]
+    assert seen["moved_guarded"] == 0
+    assert seen["guarded"] == seen["guarded_ref"] != seen["in_place"]
     assert seen["reallocated"] > 0
     assert seen["stale"] == seen["stale_mixed_ref"]
     assert seen["stale"] != seen["stale_ref"]
