@@ -21,6 +21,11 @@ Where each schema (and each fake implementation's shapes) was read:
 * ``atb::_npu_rotary_embedding``, ``atb::_npu_reshape_and_cache``, ``atb::_npu_matmul_add_fp32``:
   the schema strings registered by torch_npu 2.13.0 ``lib/libop_plugin_atb.so`` (op-plugin's
   ``op_plugin/ops/atb/`` sources, which ``op_plugin/atb/_atb_ops.py`` binds as ``torch_npu._npu_*``).
+* ``npu::npu_dynamic_quant``, ``npu::npu_add_rms_norm_quant``, ``npu::npu_add_rms_norm_dynamic_quant``,
+  ``npu::npu_quantize``:
+  the same yaml; shapes from ``_meta_registrations.py``, formulas from ``_op_plugin_docs.py`` (int8
+  outputs only).  A quantized model runs them; vllm-ascend's norm-quant fusion pass also runs them on
+  example tensors whenever a model compiles in bfloat16 or float16.
 * ``_C_ascend::npu_add_rms_norm_bias``: vllm-ascend 0.23.0.post1 ``csrc/torch_binding.cpp``, shapes
   from ``csrc/torch_binding_meta.cpp``, rounding from
   ``csrc/moe/add_rms_norm_bias/op_kernel/add_rms_norm_bias.h``.
@@ -142,6 +147,24 @@ SCHEMAS: dict[str, str] = {
         f"_npu_fused_infer_attention_score_get_max_workspace({_FIA_ARGUMENTS}) -> Tensor"
     ),
     "npu::npu_top_k_top_p": "npu_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor",
+    "npu::npu_dynamic_quant": (
+        "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
+        'int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor)'
+    ),
+    "npu::npu_add_rms_norm_quant": (
+        "npu_add_rms_norm_quant(Tensor x1, Tensor x2, Tensor gamma, Tensor scales1, Tensor? zero_points1, "
+        "Tensor? beta=None, Tensor? scales2=None, Tensor? zero_points2=None, *, int axis=-1, "
+        "float epsilon=1e-06, bool div_mode=True, int? dst_type=None) -> (Tensor, Tensor, Tensor)"
+    ),
+    "npu::npu_quantize": (
+        "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, int axis=1, "
+        "bool div_mode=True) -> Tensor"
+    ),
+    "npu::npu_add_rms_norm_dynamic_quant": (
+        "npu_add_rms_norm_dynamic_quant(Tensor x1, Tensor x2, Tensor gamma, *, Tensor? smooth_scale1=None, "
+        "Tensor? smooth_scale2=None, Tensor? beta=None, float epsilon=1e-6, bool[2]? output_mask=None, "
+        "int? y_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    ),
     "atb::_npu_rotary_embedding": (
         "_npu_rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox_style) -> ()"
@@ -191,6 +214,10 @@ _TORCH_NPU = {
     "npu_fused_infer_attention_score": "npu",
     "_npu_fused_infer_attention_score_get_max_workspace": "npu",
     "npu_top_k_top_p": "npu",
+    "npu_dynamic_quant": "npu",
+    "npu_add_rms_norm_quant": "npu",
+    "npu_quantize": "npu",
+    "npu_add_rms_norm_dynamic_quant": "npu",
     "_npu_rotary_embedding": "atb",
     "_npu_reshape_and_cache": "atb",
     "_npu_matmul_add_fp32": "atb",
@@ -948,6 +975,221 @@ def _lora_expand_fake(x: torch.Tensor, weight: torch.Tensor, *args: Any) -> torc
     return torch.empty_like(y)
 
 
+# --------------------------------------------------------------------------- int8 quantization
+# vllm-ascend's norm-quant fusion pass (``compilation/passes/norm_quant_fusion_pass.py``) registers patterns
+# with these whenever a model compiles in bfloat16 or float16; Inductor's pattern matcher traces each
+# pattern by running it on small example tensors, so the kernels run even for a model that is not
+# quantized.  Computed as torch_npu 2.13.0's ``_op_plugin_docs.py`` gives them, int8 outputs only
+# (``round`` is round-half-to-even, the device's rint; results saturate at the int8 range).
+
+_INT8_MAX = 127.0
+
+
+def _int8_only(name: str, dtype: int | None) -> None:
+    """torch_npu defaults to int8 (dtype enum 1); int4, fp8 and hifloat8 outputs are not modelled."""
+    if dtype not in (None, 1):
+        raise _boundary(f"torch_npu.{name}(dtype enum {dtype}: only int8 outputs are modelled)")
+
+
+def _saturate(x: torch.Tensor) -> torch.Tensor:
+    return torch.round(x).clamp(-128, 127).to(torch.int8)
+
+
+def _per_token(x: torch.Tensor, smooth: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale = rowMax(|x * smooth|) / 127``, ``y = round(x * smooth / scale)``."""
+    xf = x.float() * (smooth.float() if smooth is not None else 1.0)
+    scale = xf.abs().amax(dim=-1) / _INT8_MAX
+    return _saturate(xf / scale.unsqueeze(-1)), scale
+
+
+def npu_dynamic_quant(
+    input: torch.Tensor,
+    *,
+    smooth_scales: torch.Tensor | None = None,
+    group_index: torch.Tensor | None = None,
+    dst_type: int | None = None,
+    quant_mode: str = "pertoken",
+    dst_type_max: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y int8, scale float32)``: per-token symmetric dynamic quantization."""
+    _int8_only("npu_dynamic_quant", dst_type)
+    if group_index is not None or quant_mode != "pertoken":
+        raise _boundary(f"torch_npu.npu_dynamic_quant(group_index=..., quant_mode={quant_mode!r})")
+    return _per_token(input, smooth_scales)
+
+
+def npu_add_rms_norm_dynamic_quant(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    gamma: torch.Tensor,
+    *,
+    smooth_scale1: torch.Tensor | None = None,
+    smooth_scale2: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    epsilon: float = 1e-6,
+    output_mask: list[bool] | None = None,
+    y_dtype: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``(y1, y2, x, scale1, scale2)``: add + RMS norm (+ beta), then up to two per-token quantizations
+    of the normalized output (an output not asked for is empty, as torch_npu's meta has it)."""
+    _int8_only("npu_add_rms_norm_dynamic_quant", y_dtype)
+    y, _, x = _add_rms_norm(x1, x2, gamma, beta, epsilon, "npu_add_rms_norm_dynamic_quant")
+    out1, out2 = (
+        (True, smooth_scale1 is not None and smooth_scale2 is not None)
+        if output_mask is None
+        else output_mask
+    )
+    empty_y, empty_scale = x1.new_empty([0], dtype=torch.int8), x1.new_empty([0], dtype=torch.float32)
+    y1, scale1 = _per_token(y, smooth_scale1) if out1 else (empty_y, empty_scale)
+    y2, scale2 = _per_token(y, smooth_scale2) if out2 else (empty_y.clone(), empty_scale.clone())
+    return y1, y2, x, scale1, scale2
+
+
+def npu_add_rms_norm_quant(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    gamma: torch.Tensor,
+    scales1: torch.Tensor,
+    zero_points1: torch.Tensor | None,
+    beta: torch.Tensor | None = None,
+    scales2: torch.Tensor | None = None,
+    zero_points2: torch.Tensor | None = None,
+    *,
+    axis: int = -1,
+    epsilon: float = 1e-06,
+    div_mode: bool = True,
+    dst_type: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y1, y2, x)``: add + RMS norm (+ beta), then static quantization of the normalized output,
+    ``round(y / scales + zero_points)`` (``div_mode``) or ``round(y * scales + zero_points)``; y2 is
+    zeros without ``scales2`` (torch_npu: "no meaning" then)."""
+    _int8_only("npu_add_rms_norm_quant", dst_type)
+    if axis != -1:
+        raise ValueError(f"npu_add_rms_norm_quant: axis should be -1, but got {axis}")
+    y, _, x = _add_rms_norm(x1, x2, gamma, beta, epsilon, "npu_add_rms_norm_quant")
+
+    def quantize(scales: torch.Tensor, zero_points: torch.Tensor | None) -> torch.Tensor:
+        scaled = y.float() / scales.float() if div_mode else y.float() * scales.float()
+        return _saturate(scaled + (zero_points.float() if zero_points is not None else 0.0))
+
+    y1 = quantize(scales1, zero_points1)
+    y2 = quantize(scales2, zero_points2) if scales2 is not None else torch.zeros_like(y1)
+    return y1, y2, x
+
+
+#: ``npu_quantize``'s ``dtype`` (ScalarType enum values, as torch_npu's metas map them) -> the integer
+#: output (dtype, lowest, highest): qint8/int8, quint8/uint8, qint32/int32.
+_QUANTIZE_DTYPES = {
+    12: (torch.int8, -128, 127),
+    1: (torch.int8, -128, 127),
+    13: (torch.uint8, 0, 255),
+    0: (torch.uint8, 0, 255),
+    14: (torch.int32, -(2**31), 2**31 - 1),
+    3: (torch.int32, -(2**31), 2**31 - 1),
+}
+
+
+def _quantize_dtype(dtype: int) -> tuple[torch.dtype, int, int]:
+    if dtype not in _QUANTIZE_DTYPES:
+        raise _boundary(
+            f"torch_npu.npu_quantize(dtype enum {dtype}: int4, fp8 and hifloat8 are not modelled)"
+        )
+    return _QUANTIZE_DTYPES[dtype]
+
+
+def npu_quantize(
+    self: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    dtype: int,
+    axis: int = 1,
+    div_mode: bool = True,
+) -> torch.Tensor:
+    """``round(self / scales + zero_points)`` (``div_mode``) or ``round(self * scales + zero_points)``,
+    saturated to ``dtype``; a 1-D ``scales``/``zero_points`` runs along ``axis`` (with ``div_mode`` False, the
+    second-to-last axis for -2 and the last for any other)."""
+    out, low, high = _quantize_dtype(dtype)
+    if div_mode:
+        ax = axis % self.dim()
+    else:
+        ax = self.dim() - 2 if axis == -2 else self.dim() - 1
+
+    def along(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() != 1 or self.dim() == 1:
+            return t.float()
+        shape = [1] * self.dim()
+        shape[ax] = t.shape[0]
+        return t.float().reshape(shape)
+
+    x = self.float()
+    scaled = x / along(scales) if div_mode else x * along(scales)
+    if zero_points is not None:
+        scaled = scaled + along(zero_points)
+    return torch.round(scaled).clamp(low, high).to(out)
+
+
+def _quantize_fake(self: torch.Tensor, scales: torch.Tensor, zero_points: Any, dtype: int, *args: Any) -> Any:
+    """torch_npu 2.13.0 ``npu_quantize`` meta: the input's shape in the integer dtype."""
+    return torch.empty_like(self, dtype=_quantize_dtype(dtype)[0])
+
+
+def _dynamic_quant_fake(
+    input: torch.Tensor,
+    *,
+    smooth_scales: torch.Tensor | None = None,
+    group_index: torch.Tensor | None = None,
+    dst_type: int | None = None,
+    quant_mode: str = "pertoken",
+    dst_type_max: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch_npu 2.13.0 ``npu_dynamic_quant`` meta: int8 like ``input``; one float32 scale per token (per
+    channel: per last-dim element; per tensor: one)."""
+    _int8_only("npu_dynamic_quant", dst_type)
+    shape = [*input.shape[:-2], input.shape[-1] if quant_mode == "perchannel" else input.shape[-2]]
+    if quant_mode == "pertensor":
+        shape = [1]
+    return torch.empty_like(input, dtype=torch.int8), input.new_empty(shape, dtype=torch.float32)
+
+
+def _add_rms_norm_quant_fake(x1: torch.Tensor, *args: Any, dst_type: int | None = None, **kwargs: Any) -> Any:
+    """torch_npu 2.13.0 ``npu_add_rms_norm_quant`` meta: y1, y2 int8 like ``x1``, and the sum ``x``."""
+    _int8_only("npu_add_rms_norm_quant", dst_type)
+    return (
+        torch.empty_like(x1, dtype=torch.int8),
+        torch.empty_like(x1, dtype=torch.int8),
+        torch.empty_like(x1),
+    )
+
+
+def _add_rms_norm_dynamic_quant_fake(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    gamma: torch.Tensor,
+    *,
+    smooth_scale1: torch.Tensor | None = None,
+    smooth_scale2: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    epsilon: float = 1e-6,
+    output_mask: list[bool] | None = None,
+    y_dtype: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """torch_npu 2.13.0 ``npu_add_rms_norm_dynamic_quant`` meta: y1, y2 (int8, or empty where not output),
+    the sum ``x``, and a float32 scale per token for each output y."""
+    _int8_only("npu_add_rms_norm_dynamic_quant", y_dtype)
+    if output_mask is None:
+        out1, out2 = True, smooth_scale1 is not None and smooth_scale2 is not None
+    else:
+        out1, out2 = output_mask
+    leading = list(x1.shape[:-1])
+    return (
+        x1.new_empty(list(x1.shape) if out1 else [0], dtype=torch.int8),
+        x1.new_empty(list(x1.shape) if out2 else [0], dtype=torch.int8),
+        torch.empty_like(x1),
+        x1.new_empty(leading if out1 else [0], dtype=torch.float32),
+        x1.new_empty(leading if out2 else [0], dtype=torch.float32),
+    )
+
+
 # --------------------------------------------------------------------------- registration
 
 #: ``namespace::name[.overload]`` -> (the plain-torch kernel, the fake implementation).
@@ -960,6 +1202,10 @@ OPERATORS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
         _workspace_fake,
     ),
     "npu::npu_top_k_top_p": (npu_top_k_top_p, _top_k_top_p_fake),
+    "npu::npu_dynamic_quant": (npu_dynamic_quant, _dynamic_quant_fake),
+    "npu::npu_add_rms_norm_quant": (npu_add_rms_norm_quant, _add_rms_norm_quant_fake),
+    "npu::npu_quantize": (npu_quantize, _quantize_fake),
+    "npu::npu_add_rms_norm_dynamic_quant": (npu_add_rms_norm_dynamic_quant, _add_rms_norm_dynamic_quant_fake),
     "atb::_npu_rotary_embedding": (_npu_rotary_embedding, _mutating_fake),
     "atb::_npu_reshape_and_cache": (_npu_reshape_and_cache, _mutating_fake),
     "atb::_npu_matmul_add_fp32": (_npu_matmul_add_fp32, _mutating_fake),

@@ -60,6 +60,26 @@ REAL_SCHEMAS = {
         "default",
     ): "npu::npu_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor",
     (
+        "npu",
+        "npu_dynamic_quant",
+        "default",
+    ): 'npu::npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor)',
+    (
+        "npu",
+        "npu_add_rms_norm_quant",
+        "default",
+    ): "npu::npu_add_rms_norm_quant(Tensor x1, Tensor x2, Tensor gamma, Tensor scales1, Tensor? zero_points1, Tensor? beta=None, Tensor? scales2=None, Tensor? zero_points2=None, *, int axis=-1, float epsilon=1e-06, bool div_mode=True, int? dst_type=None) -> (Tensor, Tensor, Tensor)",
+    (
+        "npu",
+        "npu_quantize",
+        "default",
+    ): "npu::npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, int axis=1, bool div_mode=True) -> Tensor",
+    (
+        "npu",
+        "npu_add_rms_norm_dynamic_quant",
+        "default",
+    ): "npu::npu_add_rms_norm_dynamic_quant(Tensor x1, Tensor x2, Tensor gamma, *, Tensor? smooth_scale1=None, Tensor? smooth_scale2=None, Tensor? beta=None, float epsilon=1e-6, bool[2]? output_mask=None, int? y_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    (
         "atb",
         "_npu_rotary_embedding",
         "default",
@@ -161,6 +181,10 @@ def test_torch_npu_names_map_to_the_operator_packets() -> None:
         "npu_fused_infer_attention_score": npu.npu_fused_infer_attention_score,
         "_npu_fused_infer_attention_score_get_max_workspace": npu._npu_fused_infer_attention_score_get_max_workspace,
         "npu_top_k_top_p": npu.npu_top_k_top_p,
+        "npu_dynamic_quant": npu.npu_dynamic_quant,
+        "npu_add_rms_norm_quant": npu.npu_add_rms_norm_quant,
+        "npu_quantize": npu.npu_quantize,
+        "npu_add_rms_norm_dynamic_quant": npu.npu_add_rms_norm_dynamic_quant,
         "_npu_rotary_embedding": atb._npu_rotary_embedding,
         "_npu_reshape_and_cache": atb._npu_reshape_and_cache,
         "_npu_matmul_add_fp32": atb._npu_matmul_add_fp32,
@@ -172,6 +196,74 @@ def test_torch_npu_names_map_to_the_operator_packets() -> None:
     }
     assert all(isinstance(op, torch._ops.OpOverloadPacket) for op in names.values())
     assert _npu_ops.has_atb("_npu_rotary_embedding") and not _npu_ops.has_atb("_npu_paged_attention")
+
+
+def test_the_quantization_kernels_have_torch_npus_meta_shapes() -> None:
+    """vllm-ascend's norm-quant fusion pass traces these whenever a model compiles in bfloat16."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _npu_ops.register()
+    with FakeTensorMode():
+        x = torch.empty(3, 5, 8, dtype=torch.bfloat16)
+        gamma = torch.empty(8, dtype=torch.bfloat16)
+        y, scale = npu.npu_dynamic_quant(x)
+        assert (y.dtype, tuple(y.shape), scale.dtype, tuple(scale.shape)) == (
+            torch.int8,
+            (3, 5, 8),
+            torch.float32,
+            (3, 5),
+        )
+        outs = npu.npu_add_rms_norm_dynamic_quant(x, x, gamma, epsilon=1e-6, output_mask=[True, False])
+        assert [(o.dtype, tuple(o.shape)) for o in outs] == [
+            (torch.int8, (3, 5, 8)), (torch.int8, (0,)), (torch.bfloat16, (3, 5, 8)),
+            (torch.float32, (3, 5)), (torch.float32, (0,)),
+        ]  # fmt: skip
+        outs = npu.npu_add_rms_norm_quant(x, x, gamma, gamma, None, epsilon=1e-6)
+        assert [o.dtype for o in outs] == [torch.int8, torch.int8, torch.bfloat16]
+
+
+def quant_reference(y: Any, smooth: Any = None) -> tuple[Any, Any]:
+    """torch_npu's documented per-token formula, written out: scale = rowMax(|y*s|)/127, round(y*s/scale)."""
+    ys = y.float() * (smooth.float() if smooth is not None else 1)
+    scale = ys.abs().max(dim=-1).values / 127
+    return torch.round(ys / scale[..., None]).clamp(-128, 127).to(torch.int8), scale
+
+
+def test_the_quantization_kernels_equal_the_documented_formulas() -> None:
+    _npu_ops.register()
+    x1, x2 = randn(4, 16, seed=1, dtype=torch.bfloat16), randn(4, 16, seed=2, dtype=torch.bfloat16)
+    gamma, beta = randn(16, seed=3, dtype=torch.bfloat16), randn(16, seed=4, dtype=torch.bfloat16)
+    smooth = randn(16, seed=5, dtype=torch.bfloat16).abs() + 0.5
+    y, scale = npu.npu_dynamic_quant(x1, smooth_scales=smooth)
+    want = quant_reference(x1, smooth)
+    assert torch.equal(y, want[0]) and torch.allclose(scale, want[1])
+    assert y.abs().max() == 127  # the largest element of each row maps to the int8 maximum
+    normed, _, summed = npu.npu_add_rms_norm(x1, x2, gamma, 1e-6)
+    # the fused kernel is the unfused pair: add + RMS norm with beta (vllm-ascend's npu_add_rms_norm_bias), then
+    # the per-token formula
+    normed_b = torch.ops._C_ascend.npu_add_rms_norm_bias(x1, x2, gamma, beta, 1e-6)[0]
+    y1, y2, x, s1, s2 = npu.npu_add_rms_norm_dynamic_quant(
+        x1, x2, gamma, smooth_scale1=smooth, beta=beta, output_mask=[True, False]
+    )
+    want = quant_reference(normed_b, smooth)
+    assert torch.equal(y1, want[0]) and torch.allclose(s1, want[1]) and torch.equal(x, summed)
+    assert y2.numel() == 0 and s2.numel() == 0
+    scales, zero = randn(16, seed=6).abs() + 0.01, torch.randint(-3, 3, (16,), dtype=torch.int32)
+    q1, q2, x = npu.npu_add_rms_norm_quant(x1, x2, gamma, scales, zero, epsilon=1e-6)
+    assert torch.equal(q1, torch.round(normed.float() / scales + zero).clamp(-128, 127).to(torch.int8))
+    assert torch.equal(q2, torch.zeros_like(q1)) and torch.equal(x, summed)
+    q1, _, _ = npu.npu_add_rms_norm_quant(x1, x2, gamma, scales, None, epsilon=1e-6, div_mode=False)
+    assert torch.equal(q1, torch.round(normed.float() * scales).clamp(-128, 127).to(torch.int8))
+    # vllm-ascend's vllm::quantize: npu_quantize(x, 1 / scale, offset, torch.qint8, -1, False)
+    offset = torch.tensor([2.0] * 16)
+    q = npu.npu_quantize(x1, 1 / scales, offset, torch.qint8, -1, False)
+    assert torch.equal(q, torch.round(x1.float() * (1 / scales) + offset).clamp(-128, 127).to(torch.int8))
+    per_row = randn(4, seed=7).abs() + 0.01
+    q = npu.npu_quantize(
+        x1.float() * 300, per_row, None, torch.quint8, 0
+    )  # div_mode, along axis 0, saturating
+    assert q.dtype == torch.uint8
+    assert torch.equal(q, torch.round(x1.float() * 300 / per_row[:, None]).clamp(0, 255).to(torch.uint8))
 
 
 # --------------------------------------------------------------------------- add + RMS norm
