@@ -86,7 +86,14 @@ _expose_pyenv_pythons()
 def engine(session: nox.Session) -> None:
     """The engine's own tests and the stdlib-only seam tests, with no upstream package installed."""
     session.install(".", "pytest>=8")
-    session.run("pytest", "tests/engine", "tests/seams", "tests/patches/test_rewrites.py", *session.posargs)
+    session.run(
+        "pytest",
+        "tests/engine",
+        "tests/seams",
+        "tests/patches/test_rewrites.py",
+        "tests/field",
+        *session.posargs,
+    )
 
 
 def _install_stack(session: nox.Session, pins: str) -> None:

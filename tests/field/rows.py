@@ -1,0 +1,146 @@
+"""The field-failure catalogue as data: what Ascend users of RL post-training report, reproduced here.
+
+A row is a failure reported on real Ascend hosts, with its public sources (``owner/repository#number``), how the
+simulated Ascend reproduces it (as far as the sources and the released code describe it, no further), what stock
+Trinity meets, what it meets with npu-compat, and the tests that show both.  ``python -m tests.field`` renders
+``docs/field-failures.md`` from it; ``tests/field/test_field_catalogue.py`` keeps the page current and every test
+it names existing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: how npu-compat meets a row
+PATCHED = "patched"  # a patch of the catalogue (``handled_by`` its id) turns stock's outcome green
+DOCTOR = "doctor"  # only the environment can fix it: ``python -m npu_compat doctor`` names it
+NOT_REACHED = "not reached"  # reproduced, but Trinity's own code never takes the path: nothing to patch
+NOT_YET = "not yet reproduced"
+
+
+@dataclass(frozen=True)
+class Source:
+    ref: str  # owner/repository#number, or a released package's file
+    says: str
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    failure: str
+    sources: tuple[Source, ...]
+    reproduced: str  # what the simulation models, and from which released code
+    stock: str
+    npu_compat: str
+    status: str
+    handled_by: str = ""  # the patch id, or the doctor check
+    tests: tuple[str, ...] = ()
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "F1",
+        "ACL graphs replay the old weights after a weight sync",
+        (
+            Source(
+                "vllm-project/vllm-ascend#16322", "RFC: make live weight updates transactional and graph-safe"
+            ),
+            Source(
+                "verl-project/verl#7087",
+                "graph-safe online reload on Ascend needs the runtime parameter storage restored, so that a "
+                "captured ACL graph reads the updated storage",
+            ),
+            Source(
+                "vllm-project/vllm-ascend#13012",
+                "process_weights_after_loading replaced MoE weights with a new Parameter; the fix writes in place",
+            ),
+        ),
+        "ACL graphs (torch.npu.NPUGraph, torch.npu.graph) record every task on npu memory and replay it on the "
+        "storages they captured: an in-place write is seen, a re-allocated tensor is not, and memory only the "
+        "graph still holds fails the replay naming the tensor. The real vllm-ascend 0.18.0 engine at Trinity's "
+        "rollout defaults (enforce_eager false: PIECEWISE graphs) runs on it",
+        "Trinity 0.5.2's own sync (model.load_weights) writes every parameter of a dense Qwen2 in place: 0 of 9 "
+        "storages move and the graphs generate the new weights' tokens. A reload that re-allocates the "
+        "parameters leaves the graphs on the old memory: stale tokens (the decoder on the old weights, the tied "
+        "output layer on the new), or a replay error once the old memory is freed",
+        "every parameter and buffer keeps its storage across the sync (moved ones copied back and re-bound): "
+        "after the same re-allocating reload 0 storages moved and the tokens equal transformers' on the new "
+        "weights; a tensor whose shape changed fails the sync by name instead of generating stale tokens",
+        PATCHED,
+        "trinity.vllm_worker.graph_safe_sync",
+        (
+            "tests/sim/test_real_vllm_ascend.py::test_acl_graphs_replay_what_they_captured_across_weight_syncs",
+            "tests/sim/test_npu_graphs.py::test_a_replay_reads_the_memory_it_captured",
+            "tests/sim/test_npu_graphs.py::test_npu_compats_sync_keeps_every_storage_the_graphs_read",
+        ),
+    ),
+    Row(
+        "F2",
+        "FRACTAL_NZ weights and RL weight updates",
+        (
+            Source(
+                "vllm-project/vllm-ascend#5747",
+                "with NZ, a weight sync in verl updated the parameter but not a tensor derived from it: garbled "
+                "rollouts (fixed by vllm-project/vllm-ascend#4939)",
+            ),
+            Source(
+                "vllm-ascend 0.18.0 worker/worker.py, 0.23.0.post1 worker/worker.py",
+                "NPUWorker.wake_up and start_weight_update refuse while VLLM_ASCEND_ENABLE_NZ is set (default 1): "
+                "'FRACTAL_NZ mode is enabled ... Please set VLLM_ASCEND_ENABLE_NZ=0'",
+            ),
+        ),
+        "the releases' own NZ gate, read by their NPUWorker",
+        "Trinity 0.6.0's first weight update (vLLM's start_weight_update on the NPUWorker) stops: ValueError: "
+        "FRACTAL_NZ mode is enabled. Trinity 0.5.2 loads through model.load_weights, which the gate does not "
+        "guard, and vllm-ascend 0.18.0 casts only quantized weights to NZ at the default 1",
+        "the rollout engine's processes get VLLM_ASCEND_ENABLE_NZ=0 unless the user set it, as verl's vLLM "
+        "rollout does on NPU; the update lands",
+        PATCHED,
+        "trinity.vllm_model.weights_not_nz",
+        (
+            "tests/catalogue/test_catalogue.py::test_red[N1]",
+            "tests/catalogue/test_catalogue.py::test_green[N1]",
+        ),
+    ),
+    Row(
+        "F3",
+        "Sleep level 2 woken without a reload generates garbage",
+        (
+            Source("vllm-project/vllm#29341", "sleep level 2 then wake without reload_weights: gibberish"),
+            Source(
+                "vllm-project/vllm-ascend#13012",
+                "level 2 discards the weights; on Ascend the reload after wake needs the original Parameters",
+            ),
+        ),
+        "vllm-ascend's camem allocator through the simulated vllm_ascend_C: level 1 offloads the weights and "
+        "maps them back at the same address, level 2 unmaps them and a wake maps fresh pages there",
+        "not reached: Trinity 0.5.2 and 0.6.0 never put their rollout engine to sleep (vLLMRolloutModel.sleep "
+        "exists; nothing in Trinity calls it). Called by hand at level 2 without a reload, the engine generates "
+        "other tokens than before",
+        "nothing to patch: a caller of sleep(level=2) reloads the weights after the wake",
+        NOT_REACHED,
+        "",
+        (
+            "tests/sim/test_real_vllm_ascend.py::"
+            "test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage",
+        ),
+    ),
+    Row(
+        "F4",
+        "Expandable segments and the sleep-mode memory pool",
+        (
+            Source(
+                "modelscope/ms-swift#6636", "vllm-ascend's sleep mode cannot run with expandable segments on"
+            ),
+            Source(
+                "vllm-ascend 0.18.0 device_allocator/camem.py",
+                "CaMemAllocator asserts 'Expandable segments are not compatible with memory pool' when "
+                "PYTORCH_NPU_ALLOC_CONF holds expandable_segments:True",
+            ),
+        ),
+        "",
+        "",
+        "",
+        NOT_YET,
+    ),
+)
