@@ -378,6 +378,13 @@ def _build_module() -> types.ModuleType:
         pass  # nothing is cached: freed memory goes back to the host at once
 
     @_record
+    def set_compile_mode(jit_compile: bool = False) -> None:
+        """torch_npu's ``npu_config.set_compile_mode``: whether CANN compiles operators just in time
+        (``jitCompile``) or runs its binary kernels; the simulation computes every operator alike."""
+        if is_initialized():
+            synchronize()
+
+    @_record
     def current_stream(device: Any = None) -> Any:
         return _stream_of(device)
 
@@ -563,7 +570,7 @@ def _build_module() -> types.ModuleType:
         max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, reset_peak_memory_stats,
         reset_max_memory_allocated, set_per_process_memory_fraction, manual_seed, manual_seed_all, seed,
         seed_all, initial_seed, get_rng_state, set_rng_state, get_rng_state_all, set_rng_state_all,
-        ipc_collect, _is_in_bad_fork, _lazy_init,
+        ipc_collect, _is_in_bad_fork, _lazy_init, set_compile_mode,
     ):  # fmt: skip
         setattr(npu, fn.__name__, fn)
     npu.device = device  # type: ignore[attr-defined]

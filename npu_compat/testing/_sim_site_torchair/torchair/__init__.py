@@ -18,11 +18,28 @@ from npu_compat.testing._boundary import needs_npu
 from . import core, fx_summary, npu_fx_compiler
 from .patterns.pattern_pass_manager import register_replacement
 
-_WHY = "torchair compiles for CANN's graph engine: run the engine with enforce_eager"
+_WHY = (
+    "torchair compiles for CANN's graph engine, and its npugraph_ex mode captures ACL graphs through "
+    "compiled modules: run the engine with enforce_eager"
+)
 
 
-class CompilerConfig:
-    """``torchair.CompilerConfig``: options the caller sets before :func:`get_npu_backend`."""
+class _Options:
+    """A group of torchair options (``debug``, ``experimental_config``, ``aclgraph`` ...): it takes whatever
+    the caller sets, and only :func:`get_npu_backend` would read them."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        group = _Options()
+        setattr(self, name, group)
+        return group
+
+
+class CompilerConfig(_Options):
+    """``torchair.CompilerConfig``: options the caller sets before :func:`get_npu_backend` (vllm-ascend's
+    npugraph_ex sets ``mode``, ``debug.run_eagerly``, ``debug.aclgraph.*`` and
+    ``experimental_config.aclgraph.*``)."""
 
     def __init__(self) -> None:
         self.mode = "max-autotune"
