@@ -58,7 +58,9 @@ ROWS: tuple[Row, ...] = (
         "ACL graphs (torch.npu.NPUGraph, torch.npu.graph) record every task on npu memory and replay it on the "
         "storages they captured: an in-place write is seen, a re-allocated tensor is not, and memory only the "
         "graph still holds fails the replay naming the tensor. The real vllm-ascend 0.18.0 engine at Trinity's "
-        "rollout defaults (enforce_eager false: PIECEWISE graphs) runs on it",
+        "rollout default (enforce_eager false: PIECEWISE graphs), its engine core in-process, runs on it; "
+        "Trinity's own AsyncLLM engine core, a spawned process, compiles with torchair's npugraph_ex there, "
+        "which is the simulation's boundary",
         "Trinity 0.5.2's own sync (model.load_weights) writes every parameter of a dense Qwen2 in place: 0 of 9 "
         "storages move and the graphs generate the new weights' tokens. A reload that re-allocates the "
         "parameters leaves the graphs on the old memory: stale tokens (the decoder on the old weights, the tied "
@@ -89,7 +91,9 @@ ROWS: tuple[Row, ...] = (
                 "'FRACTAL_NZ mode is enabled ... Please set VLLM_ASCEND_ENABLE_NZ=0'",
             ),
         ),
-        "the releases' own NZ gate, read by their NPUWorker",
+        "the releases' own NZ gate, read by their NPUWorker: the real 0.18.0's wake_up refuses at the default; "
+        "Trinity 0.6.0's update is shown on the stand-in of 0.23.0.post1's NPUWorker, which carries the "
+        "release's check",
         "Trinity 0.6.0's first weight update (vLLM's start_weight_update on the NPUWorker) stops: ValueError: "
         "FRACTAL_NZ mode is enabled. Trinity 0.5.2 loads through model.load_weights, which the gate does not "
         "guard, and vllm-ascend 0.18.0 casts only quantized weights to NZ at the default 1",
@@ -100,6 +104,8 @@ ROWS: tuple[Row, ...] = (
         (
             "tests/catalogue/test_catalogue.py::test_red[N1]",
             "tests/catalogue/test_catalogue.py::test_green[N1]",
+            "tests/sim/test_real_vllm_ascend.py::"
+            "test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage",
         ),
     ),
     Row(
@@ -138,9 +144,18 @@ ROWS: tuple[Row, ...] = (
                 "PYTORCH_NPU_ALLOC_CONF holds expandable_segments:True",
             ),
         ),
+        "the real 0.18.0 CaMemAllocator on the simulated device; vllm-ascend's own platform sets "
+        "expandable_segments:True for an engine without sleep mode, and a user's environment often carries it",
+        "not reached: Trinity 0.5.2 and 0.6.0 never build their rollout engine with sleep mode. An engine "
+        "built with it (verl's rollout, a user's own) stops: AssertionError: Expandable segments are not "
+        "compatible with memory pool",
+        "nothing to patch in Trinity: an engine with sleep mode needs PYTORCH_NPU_ALLOC_CONF without "
+        "expandable_segments:True in its processes",
+        NOT_REACHED,
         "",
-        "",
-        "",
-        NOT_YET,
+        (
+            "tests/sim/test_real_vllm_ascend.py::"
+            "test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage",
+        ),
     ),
 )

@@ -305,7 +305,8 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
     """``LLM(enable_sleep_mode=True)`` on the real ``NPUWorker``: level 1 offloads the weights and frees the
     device (vLLM's log says how much), and the engine generates the same tokens after ``wake_up``; level 2
     keeps no weights, so a ``wake_up`` without a reload generates from zeroed weights -- the field failure of
-    RL frameworks that wake the rollout at level 2 before the trainer's weights arrive."""
+    RL frameworks that wake the rollout at level 2 before the trainer's weights arrive.  With NZ at its default
+    the wake is refused, and the sleep-mode allocator refuses expandable segments (field failures F2, F4)."""
     seen = real_run(
         """
         import json, os, re, tempfile
@@ -326,17 +327,35 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
             llm.sleep(level=2)
             llm.wake_up()
             out["level2"] = gen()
+            # vllm-ascend's default NZ setting: its NPUWorker refuses the wake (it reads the variable each time)
+            os.environ["VLLM_ASCEND_ENABLE_NZ"] = "1"
+            llm.sleep(level=1)
+            try:
+                llm.wake_up()
+            except Exception as e:
+                out["nz_wake"] = f"{type(e).__name__}: {e}"
+            # expandable segments, which vllm-ascend's platform itself sets for an engine without sleep mode: the
+            # sleep-mode allocator of a new engine refuses them
+            from vllm_ascend.device_allocator.camem import CaMemAllocator
+            os.environ["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:True"
+            CaMemAllocator.instance = None
+            try:
+                CaMemAllocator.get_instance()
+            except AssertionError as e:
+                out["expandable"] = str(e)
             print(json.dumps(out))
 
         if __name__ == "__main__":
             main()
         """,
         timeout=600,
-        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the engine in this process: it reads this os.environ
         VLLM_PORT=str(free_port()),
     )
     assert seen["level1"] == seen["before"]
     assert seen["level2"] != seen["before"]
+    assert seen["nz_wake"].startswith("ValueError: FRACTAL_NZ mode is enabled.")
+    assert seen["expandable"].startswith("Expandable segments are not compatible with memory pool.")
 
 
 @needs_backend
@@ -416,8 +435,9 @@ def main():
                             max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
 
     from vllm import LLM, SamplingParams
-    # Trinity's rollout defaults: enforce_eager False (vLLM's graph mode, on vllm-ascend ACL graphs), the
-    # engine in the rollout's own process (Trinity sets VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    # Trinity's rollout default: enforce_eager False (vLLM's graph mode, on vllm-ascend ACL graphs); the engine
+    # core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, which Trinity sets too), where vllm-ascend's
+    # platform has turned torchair's npugraph_ex off
     llm = LLM(model=str(tiny), enforce_eager=False, dtype="float32", max_model_len=256, seed=0)
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -458,8 +478,9 @@ if __name__ == "__main__":
 @engine_runs
 def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
     """The real 0.18.0 engine at Trinity's rollout defaults: ``enforce_eager`` False (vLLM's
-    FULL_AND_PIECEWISE, which vllm-ascend 0.18.0 runs as PIECEWISE ACL graphs), the engine in the rollout's
-    process, as Trinity runs it at TP 1.
+    FULL_AND_PIECEWISE, which vllm-ascend 0.18.0 runs as PIECEWISE ACL graphs), with vLLM's ``LLM`` and its
+    engine core in this process.  (Trinity's rollout uses ``AsyncLLM``, whose engine core is a spawned process,
+    where 0.18.0 compiles with torchair's npugraph_ex: the simulation's boundary, docs/testing.md.)
 
     Its graphs generate what transformers generates.  Trinity's sync (``model.load_weights``) writes every
     parameter in place -- no storage moves -- and the next replay generates what the new weights generate.  A
