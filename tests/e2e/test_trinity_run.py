@@ -282,7 +282,10 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
             "ray-driver": ["trinity.config_validator.npu_count"],
             "WorkerDict": [WORKER_CUDA_VIEW, "trinity.distributed.init_process_group", "verl.dp_actor.torch_compile"],
             "vLLMRolloutModel": ["trinity.vllm_model.weights_not_nz", "vllm.weight_transfer.nccl_is_hccl"],
-            "vllm (EngineCore)": ["trinity.vllm_worker.cuda", "trinity.distributed.init_process_group"],
+            "vllm (EngineCore)": [
+                "trinity.vllm_worker.cuda", "trinity.distributed.init_process_group",
+                "trinity.vllm_worker.graph_safe_sync",
+            ],
         },
     )  # fmt: skip
 
