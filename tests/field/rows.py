@@ -46,6 +46,11 @@ ROWS: tuple[Row, ...] = (
                 "vllm-project/vllm-ascend#16322", "RFC: make live weight updates transactional and graph-safe"
             ),
             Source(
+                "vllm-project/vime#157",
+                "RL on Ascend runs --enforce-eager: ACL graphs keep the weight addresses of capture time, and "
+                "after an HCCL weight transfer the replay reads stale memory or fails with ERR99999",
+            ),
+            Source(
                 "verl-project/verl#7087",
                 "graph-safe online reload on Ascend needs the runtime parameter storage restored, so that a "
                 "captured ACL graph reads the updated storage",
