@@ -185,18 +185,6 @@ import json, os, tempfile
 import torch
 from tests.e2e.tiny_model import make_tiny_model
 
-def guarded(self, path):
-    \"\"\"The same re-allocating reload, through npu-compat's sync guard (``trinity.vllm_worker.graph_safe_sync``,
-    which wraps Trinity's ``update_weight``); how many storages moved.\"\"\"
-    from npu_compat.patches.trinity_vllm import graph_safe_sync
-    model = self.model_runner.model
-    before = {n: p.untyped_storage().data_ptr() for n, p in model.named_parameters()}
-    def sync():
-        reallocate(self, keep_old=False)
-        model.load_weights(weights=list(torch.load(path).items()))
-    graph_safe_sync(lambda: sync(), self, (), {})
-    return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
-
 def main():
     tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
     from vllm import LLM, SamplingParams
@@ -410,7 +398,7 @@ def guarded(self, path):
     def sync():
         reallocate(self, keep_old=False)
         model.load_weights(weights=list(torch.load(path).items()))
-    graph_safe_sync(lambda: sync(), self, (), {})
+    graph_safe_sync(sync, self, (), {})
     return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
 
 def main():
