@@ -27,10 +27,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from .. import _effects, _env
+
+logger = logging.getLogger(__name__)
 
 
 def npu_worker_class(original: Any) -> Any:
@@ -125,15 +128,17 @@ class GraphUnsafeSync(RuntimeError):
     """A weight sync moved a tensor that the engine's ACL graphs read, and it could not be put back."""
 
 
-def _tensors(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
-    """(qualified name, owning module, attribute, tensor) of every parameter and buffer, shared ones once."""
+def _tensors(model: Any) -> Iterator[tuple[str, dict[str, Any], str, Any]]:
+    """(qualified name, the owning module's ``_parameters`` or ``_buffers``, attribute, tensor) of every
+    parameter and buffer, shared ones once."""
     seen: set[int] = set()
     for prefix, module in model.named_modules():
         for kind in ("_parameters", "_buffers"):
-            for attr, tensor in getattr(module, kind).items():
+            registry = getattr(module, kind)
+            for attr, tensor in registry.items():
                 if tensor is not None and id(tensor) not in seen:
                     seen.add(id(tensor))
-                    yield (f"{prefix}.{attr}" if prefix else attr, module, attr, tensor)
+                    yield (f"{prefix}.{attr}" if prefix else attr, registry, attr, tensor)
 
 
 def _runs_graphs(worker: Any) -> bool:
@@ -153,20 +158,19 @@ def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
     """
     import torch
 
-    before = [(name, module, attr, tensor, tensor.data) for name, module, attr, tensor in _tensors(model)]
+    before = [(name, registry, attr, tensor, tensor.data) for name, registry, attr, tensor in _tensors(model)]
     result = sync()
     restored = 0
     unsafe = []
     with torch.no_grad():
-        for name, module, attr, tensor, kept in before:
-            kind = "_parameters" if attr in module._parameters else "_buffers"
-            now = getattr(module, kind).get(attr)
+        for name, registry, attr, tensor, kept in before:
+            now = registry.get(attr)
             if now is None:
                 unsafe.append(f"{name} (removed)")
                 continue
             if now.data.untyped_storage().data_ptr() == kept.untyped_storage().data_ptr():
                 if now is not tensor:  # a new object over the same memory: keep the original one
-                    getattr(module, kind)[attr] = tensor
+                    registry[attr] = tensor
                     tensor.data = now.data
                 continue
             if (now.shape, now.dtype, now.stride()) != (kept.shape, kept.dtype, kept.stride()):
@@ -174,7 +178,7 @@ def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
                 continue
             kept.copy_(now.data)
             tensor.data = kept
-            getattr(module, kind)[attr] = tensor
+            registry[attr] = tensor
             restored += 1
     if unsafe and graphs:
         raise GraphUnsafeSync(
@@ -187,8 +191,6 @@ def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
 
 def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``WorkerExtension.update_weight``: the sync, with every parameter and buffer kept in its storage."""
-    import logging
-
     model = getattr(getattr(instance, "model_runner", None), "model", None)
     if not callable(getattr(model, "named_modules", None)):  # no torch module to keep: the sync as it is
         return wrapped(*args, **kwargs)
@@ -196,7 +198,7 @@ def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
         model, lambda: wrapped(*args, **kwargs), _runs_graphs(instance)
     )
     if restored:
-        logging.getLogger("npu_compat").info(
+        logger.info(
             "weight sync: %d of %d tensors were re-allocated by the loader and put back in place, "
             "so the ACL graphs read the new weights",
             restored,
