@@ -1018,6 +1018,16 @@ def npu_dynamic_quant(
     return _per_token(input, smooth_scales)
 
 
+def _dynamic_quant_outputs(
+    output_mask: list[bool] | None, smooth_scale1: torch.Tensor | None, smooth_scale2: torch.Tensor | None
+) -> tuple[bool, bool]:
+    """Which of y1, y2 ``npu_add_rms_norm_dynamic_quant`` outputs (torch_npu's meta): ``output_mask``, or
+    without one y1, and y2 when both smooth scales are given."""
+    if output_mask is None:
+        return True, smooth_scale1 is not None and smooth_scale2 is not None
+    return output_mask[0], output_mask[1]
+
+
 def npu_add_rms_norm_dynamic_quant(
     x1: torch.Tensor,
     x2: torch.Tensor,
@@ -1034,11 +1044,7 @@ def npu_add_rms_norm_dynamic_quant(
     of the normalized output (an output not asked for is empty, as torch_npu's meta has it)."""
     _int8_only("npu_add_rms_norm_dynamic_quant", y_dtype)
     y, _, x = _add_rms_norm(x1, x2, gamma, beta, epsilon, "npu_add_rms_norm_dynamic_quant")
-    out1, out2 = (
-        (True, smooth_scale1 is not None and smooth_scale2 is not None)
-        if output_mask is None
-        else output_mask
-    )
+    out1, out2 = _dynamic_quant_outputs(output_mask, smooth_scale1, smooth_scale2)
     empty_y, empty_scale = x1.new_empty([0], dtype=torch.int8), x1.new_empty([0], dtype=torch.float32)
     y1, scale1 = _per_token(y, smooth_scale1) if out1 else (empty_y, empty_scale)
     y2, scale2 = _per_token(y, smooth_scale2) if out2 else (empty_y.clone(), empty_scale.clone())
@@ -1176,10 +1182,7 @@ def _add_rms_norm_dynamic_quant_fake(
     """torch_npu 2.13.0 ``npu_add_rms_norm_dynamic_quant`` meta: y1, y2 (int8, or empty where not output),
     the sum ``x``, and a float32 scale per token for each output y."""
     _int8_only("npu_add_rms_norm_dynamic_quant", y_dtype)
-    if output_mask is None:
-        out1, out2 = True, smooth_scale1 is not None and smooth_scale2 is not None
-    else:
-        out1, out2 = output_mask
+    out1, out2 = _dynamic_quant_outputs(output_mask, smooth_scale1, smooth_scale2)
     leading = list(x1.shape[:-1])
     return (
         x1.new_empty(list(x1.shape) if out1 else [0], dtype=torch.int8),
