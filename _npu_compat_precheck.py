@@ -19,15 +19,16 @@ Every interpreter pays for this file, so it imports nothing (``os`` and ``sys`` 
 loaded before ``site`` runs) and first asks one cheap question: can npu-compat be
 anything but a no-op here?  Only an Ascend hint (a device override that is not
 ``cpu``/``cuda``, an Ascend variable, ``/dev/davinci*``, ``torch_npu`` on the path) or
-a report directory leads on to ``npu_compat._autostart``, which imports the package and
-makes the real decision.  Even then that waits, when nothing could tell the difference,
+a setting that needs the start leads on to ``npu_compat._autostart``, which imports the
+package and makes the real decision (``npu_compat._env.decide``) from the same names and
+evidence, defined here once.  Even then that waits, when nothing could tell the difference,
 for the first import of a package some patch targets (or of ``npu_compat`` itself): a
 process that never imports one has nothing to patch, and one that does pays the start
-inside an import that takes seconds.  Asked cheaply: the environment is read from ``os.environ``'s
-own dict, ``/dev`` is listed once and searched as one string, and the next
-``sitecustomize`` is looked for in the path finders' listings before any finder is made.
-Nothing is ever imported from the current directory or a relative ``sys.path`` entry:
-the package is imported from this file's own location.
+inside an import that takes seconds.  Everything is asked through public APIs
+(``os.environ``, ``os.listdir``, ``os.access``, ``importlib.machinery``, the last only
+when another ``sitecustomize`` may follow ours).  Nothing is ever imported from the
+current directory or a relative ``sys.path`` entry: the package is imported from this
+file's own location.
 """
 
 import os
@@ -39,29 +40,32 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-# The few names of npu_compat._env this pre-check reads before anything is imported
-# (importing _env costs every interpreter ~0.3 ms); tests/seams keeps them equal.
-_ENABLE = "NPU_COMPAT"
-_AUTO = "NPU_COMPAT_AUTO"
-_OVERRIDES = ("NPU_COMPAT_DEVICE", "TRINITY_DEVICE")
-_REPORT_DIR = "NPU_COMPAT_REPORT_DIR"
-_HINTS = (
-    "NPU_COMPAT_SIMULATE",
-    _REPORT_DIR,
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "ASCEND_TOOLKIT_HOME",
-    "ASCEND_HOME_PATH",
-)
-_FALSE = ("0", "false", "no", "off")
-_NOT_NPU = ("cpu", "cuda")
+# -- the device decision's evidence, shared with npu_compat._env ------------------------------------
+# npu_compat._env documents every variable and makes the full decision (with its errors) from these
+# names and functions; they live here because this module must not import anything.
+ENABLE = "NPU_COMPAT"
+AUTO = "NPU_COMPAT_AUTO"
+DEVICE = "NPU_COMPAT_DEVICE"
+TRINITY_DEVICE = "TRINITY_DEVICE"
+REPORT_DIR = "NPU_COMPAT_REPORT_DIR"
+SIMULATE = "NPU_COMPAT_SIMULATE"
+DISABLE = "NPU_COMPAT_DISABLE"
+ASCEND_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+ASCEND_TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
+FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+#: Where the Ascend driver creates its device nodes (a module attribute: tests point it elsewhere).
 DEV_DIR = "/dev"
-_NONE = object()
-#: The top-level packages whose first import finishes a waiting start: those of
-#: npu_compat._activation.CATALOG_PACKAGES (tests/engine keeps them equal).
-_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
+#: The top-level packages of every module the built-in catalogue patches (``npu_compat._catalog``;
+#: tests/engine keeps them equal): the first import of one finishes a waiting start.
+PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
+
+#: Variables whose mere presence means npu-compat has something to do here.
+_HINTS = (SIMULATE, REPORT_DIR, ASCEND_VISIBLE_DEVICES, *ASCEND_TOOLKIT_VARS)
+_NOT_NPU = ("cpu", "cuda")
 #: Set, any of these needs the whole start at once: the simulation's path entry, the
 #: per-process report file, the warning for an unknown id in the disable list.
-_NOW = ("NPU_COMPAT_SIMULATE", _REPORT_DIR, "NPU_COMPAT_DISABLE")
+_NOW = (SIMULATE, REPORT_DIR, DISABLE)
 
 #: Every trigger that reached this interpreter, in order (``.pth``, ``sitecustomize``, ``launcher``).
 TRIGGERS: "list[str]" = []
@@ -74,82 +78,77 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 #: Where the npu_compat package is: beside this file, or two levels up from npu_compat/_launcher_site.
 _ROOT = os.path.dirname(os.path.dirname(_HERE)) if os.path.basename(_HERE) == "_launcher_site" else _HERE
 _OURS: "list[str]" = []  # the sitecustomize files of ours that ran here
-_HOST: "list[bool | None]" = []  # what the environment and /dev said, once read
+_WANTED: "list[bool]" = []  # what wanted() said of this interpreter, once asked
 
 
-def wanted(environ: "Mapping[str, str] | None" = None) -> bool:
-    # False when npu-compat can only be a no-op in this process (decided without imports).
-    # The environment and /dev are read once per interpreter; only sys.path grows between
-    # the .pth (read before later site directories are added) and sitecustomize.
-    if environ is not None:
-        host = _host_says(environ)
-    else:
-        if not _HOST:
-            _HOST.append(_host_says(os.environ) if _environ_names_set() else _dev_says())
-        host = _HOST[0]
-    return host if host is not None else _torch_npu_on_path()
+def is_false(value: "str | None") -> bool:
+    return value is not None and value.strip().lower() in FALSE_VALUES
 
 
-def _environ_names_set() -> bool:
-    # Whether any name the pre-check reads is in os.environ.  Its own dict (bytes keys on POSIX)
-    # answers without os.environ's encoding and two KeyErrors for each name that is not set.
-    data = getattr(os.environ, "_data", None)
-    if os.name != "posix" or type(data) is not dict:
-        return True
-    for name in (_ENABLE, _AUTO, *_OVERRIDES, *_HINTS):
-        if name.encode() in data:
-            return True
-    return False
-
-
-def _host_says(env: "Mapping[str, str]") -> "bool | None":
-    for name in (_ENABLE, _AUTO):
-        value = env.get(name)
-        if value is not None and value.strip().lower() in _FALSE:
-            return False
-    override = _override(env)
-    if override is not None:
-        return override not in _NOT_NPU  # "npu", or a bad value that _env will name
-    for name in _HINTS:
-        if env.get(name):
-            return True
-    return _dev_says()
-
-
-def _override(env: "Mapping[str, str]") -> "str | None":
-    # The device override in force, lower-cased, or None (unset or "auto"): the first of
-    # _OVERRIDES that says anything else, the precedence of npu_compat._env.decide.
-    for name in _OVERRIDES:
+def override(env: "Mapping[str, str]") -> "tuple[str, str] | None":
+    """The device override in force, as ``(name, raw value)``: the first of ``NPU_COMPAT_DEVICE`` and
+    ``TRINITY_DEVICE`` set to anything but ``auto``; None when neither is."""
+    for name in (DEVICE, TRINITY_DEVICE):
         raw = env.get(name)
-        if raw:
-            value = raw.strip().lower()
-            if value != "auto":
-                return value
+        if raw and raw.strip().lower() != "auto":
+            return name, raw
     return None
 
 
-def _dev_says() -> "bool | None":
-    # any /dev/davinci*: one listing, searched as one string (names hold no NUL)
+def evidence(env: "Mapping[str, str]") -> "tuple[str, ...]":
+    """Every sign of an Ascend host, in words; empty on CUDA and plain CPU hosts."""
+    found: list[str] = []
     try:
-        if "\0davinci" in "\0" + "\0".join(os.listdir(DEV_DIR)):
-            return True
+        listing = os.listdir(DEV_DIR)
     except OSError:
-        pass
-    return None  # no answer yet: a torch_npu on the path decides
+        listing = []
+    nodes = sorted(name for name in listing if name.startswith("davinci"))
+    if nodes:
+        found.append(f"{DEV_DIR}/{nodes[0]}" + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""))
+    visible = env.get(ASCEND_VISIBLE_DEVICES)
+    if visible:
+        found.append(f"{ASCEND_VISIBLE_DEVICES}={visible}")
+    for name in ASCEND_TOOLKIT_VARS:
+        if env.get(name):
+            found.append(f"{name} is set (CANN toolkit environment)")
+            break
+    if torch_npu_findable():
+        found.append("torch_npu is importable")
+    return tuple(found)
 
 
-def _torch_npu_on_path() -> bool:
-    cache = sys.path_importer_cache
+def torch_npu_findable() -> bool:
+    """Whether ``import torch_npu`` would find a package on ``sys.path``, asked without importing it
+    (its import is heavy and, without the CANN toolkit, fails)."""
+    if "torch_npu" in sys.modules:
+        return True
     for entry in sys.path:
-        if not isinstance(entry, str) or not os.path.isabs(entry):
-            continue
-        listing = getattr(cache.get(entry), "_path_cache", None)
-        if listing:
-            if "torch_npu" in listing:
-                return True
-        elif os.access(f"{entry}{os.sep}torch_npu", os.F_OK):
+        if isinstance(entry, str) and os.access(
+            os.path.join(entry or ".", "torch_npu", "__init__.py"), os.F_OK
+        ):
             return True
     return False
+
+
+def wanted(environ: "Mapping[str, str] | None" = None) -> bool:
+    """False when npu-compat can only be a no-op in this process, decided without imports: turned
+    off, or a ``cpu``/``cuda`` override, or no Ascend evidence and no setting of ours that needs the
+    start.  Never False where ``npu_compat._env.decide`` says ``npu`` (tests/seams keeps them so).
+    For this interpreter's own environment it is asked once (the .pth and a sitecustomize both ask)."""
+    if environ is None:
+        if not _WANTED:
+            _WANTED.append(wanted(os.environ))
+        return _WANTED[0]
+    for name in (ENABLE, AUTO):
+        if is_false(environ.get(name)):
+            return False
+    found = override(environ)
+    if found is not None:
+        return found[1].strip().lower() not in _NOT_NPU  # "npu", or a bad value that _env will name
+    for name in _HINTS:
+        if environ.get(name):
+            return True
+    return bool(evidence(environ))
 
 
 def from_pth() -> None:
@@ -212,19 +211,20 @@ def _can_wait() -> bool:
     for name in _NOW:
         if environ.get(name):
             return False
-    if _override(environ) not in (None, "npu"):
+    found = override(environ)
+    if found is not None and found[1].strip().lower() != "npu":
         return False
     modules = sys.modules
-    return not any(name in modules for name in (*_PACKAGES, "npu_compat"))
+    return not any(name in modules for name in (*PACKAGES, "npu_compat"))
 
 
 class _Waiting:
     """The meta-path finder of a waiting start: the first import of a package in
-    :data:`_PACKAGES` finishes the start, and the finders that installed then answer
+    :data:`PACKAGES` finishes the start, and the finders that installed then answer
     for that import (so the package's own post-import hooks see it)."""
 
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
-        if fullname.partition(".")[0] not in _PACKAGES:
+        if fullname.partition(".")[0] not in PACKAGES:
             return None
         complete()
         for finder in _ADDED:
@@ -269,7 +269,7 @@ def _forget_report() -> None:
     # Off here, but this pid's previous program (before an exec: Ray's setup_worker.py, the
     # launcher) may have written a report that would now describe the wrong process.
     # The name is npu_compat._reportfile's, <host>-<pid>.json.
-    directory = os.environ.get(_REPORT_DIR)
+    directory = os.environ.get(REPORT_DIR)
     if directory:
         try:
             os.remove(os.path.join(directory, f"{os.uname().nodename}-{os.getpid()}.json"))
@@ -294,29 +294,23 @@ def _import_autostart() -> "ModuleType":
 
 def _chain(path: str) -> None:
     _OURS.append(path)
-    # Most interpreters have no other sitecustomize: say so from the path finders' listings (or a
-    # stat per name) before normalising sys.path and creating finders for the search below.
-    here = os.path.dirname(path)
-    start = sys.path.index(here) + 1 if here in sys.path else 0
-    if not _may_hold_sitecustomize(sys.path[start:]):
-        return
     ours = [_norm(os.path.abspath(p)) for p in _OURS]
     mine = _norm(os.path.dirname(os.path.abspath(path)))
     entries = [(e, _norm(e)) for e in sys.path if isinstance(e, str) and os.path.isabs(e)]
     dirs = [n for _, n in entries]
     rest = entries[dirs.index(mine) + 1 :] if mine in dirs else entries
-    machinery: Any = sys.modules.get("_frozen_importlib_external")  # importlib without importing it
-    loading: Any = sys.modules.get("_frozen_importlib")
-    if machinery is None or loading is None:  # not CPython
-        import importlib.machinery
-        import importlib.util
+    # Most interpreters have no other sitecustomize: say so from the directories' listings before
+    # importing importlib and creating path finders for the search below.
+    if not _may_hold_sitecustomize([e for e, n in rest if n != mine]):
+        return
+    import importlib.machinery
+    import importlib.util
 
-        machinery, loading = importlib.machinery, importlib.util
     while True:
         rest = [(e, n) for e, n in rest if n != mine]
         if not rest:
             return
-        spec = machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
         if spec is None or spec.loader is None or not spec.origin:
             return
         if _norm(spec.origin) not in ours:
@@ -324,7 +318,7 @@ def _chain(path: str) -> None:
         # a file of ours that already ran here (its directory is not where sys.path says): skip past it
         mine = _norm(os.path.dirname(spec.origin))
         rest = rest[[n for _, n in rest].index(mine) + 1 :] if mine in [n for _, n in rest] else []
-    module = loading.module_from_spec(spec)
+    module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module  # what `import sitecustomize` answers from now on
     try:
         spec.loader.exec_module(module)
@@ -333,40 +327,20 @@ def _chain(path: str) -> None:
         raise
 
 
-def _may_hold_sitecustomize(entries: "list[Any]") -> bool:
-    # False only when no absolute directory among ``entries`` holds a file (or package) named
-    # sitecustomize that the path finders could load; anything unusual answers True, and then
-    # _chain searches properly.
-    machinery: Any = sys.modules.get("_frozen_importlib_external")
-    relax_case = getattr(machinery, "_relax_case", None)
-    if relax_case is None or relax_case() or len(sys.path_hooks) != 2:
-        return True  # not CPython, PYTHONCASEOK, or path hooks of someone's own
-    suffixes = ("", *machinery.SOURCE_SUFFIXES, *machinery.BYTECODE_SUFFIXES, *machinery.EXTENSION_SUFFIXES)
-    names = ["sitecustomize" + suffix for suffix in suffixes]
-    cache = sys.path_importer_cache
+def _may_hold_sitecustomize(entries: "list[str]") -> bool:
+    # False only when no entry holds anything named sitecustomize (a module of any suffix, or a
+    # package); an entry that is not a directory (a zip file, say) answers True, and then _chain
+    # searches properly.
     for entry in entries:
-        if not isinstance(entry, str) or not os.path.isabs(entry):
-            continue
-        finder = cache.get(entry, _NONE)
-        if finder is None:
-            continue  # nothing there (the path finder skips it too)
         try:
-            stat = os.stat(entry)
+            names = os.listdir(entry)
+        except NotADirectoryError:
+            return True
         except OSError:
-            continue
-        if finder is not _NONE:
-            listing = getattr(finder, "_path_cache", None)
-            if type(listing) is not set or getattr(finder, "_path_mtime", None) != stat.st_mtime:
-                return True  # not a file finder with a current listing
-            for name in names:
-                if name in listing:
-                    return True
-        elif stat.st_mode & 0o170000 != 0o040000:
-            return True  # a zip file, say
-        else:
-            for name in names:
-                if os.access(f"{entry}{os.sep}{name}", os.F_OK):
-                    return True
+            continue  # missing or unreadable: the path finders skip it too
+        for name in names:
+            if name == "sitecustomize" or name.startswith("sitecustomize."):
+                return True
     return False
 
 

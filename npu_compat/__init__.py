@@ -14,9 +14,8 @@ packaging are loaded on the NPU path only, and upstream packages are patched whe
 (and only if) they are imported.
 """
 
+import os
 import sys
-
-__version__ = "0.1.0"
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from ._errors import ConfigError, NpuCompatWarning, PatchError
     from ._report import Report as Report
     from ._spec import PatchSpec
+    from ._version import __version__
 
 __all__ = [
     "ConfigError",
@@ -50,6 +50,7 @@ _LAZY = {
     "NpuCompatWarning": "_errors",
     "PatchError": "_errors",
     "PatchSpec": "_spec",
+    "__version__": "_version",
 }
 
 
@@ -83,7 +84,13 @@ def activate(
             return decision.device
     from . import _activation
 
-    return _activation.activate(device, strict=strict, specs=specs, decision=decision)
+    try:
+        return _activation.activate(device, strict=strict, specs=specs, decision=decision)
+    finally:
+        if os.environ.get(_env.REPORT_DIR):
+            from . import _reportfile
+
+            _reportfile.attach_active()  # the per-process report file: it listens from now on
 
 
 # An activation at interpreter start that waits for the first import of a target package

@@ -1,5 +1,5 @@
-"""Activation: ``activate()``, ``deactivate()``, ``report()``, the process's state (one
-:class:`_State`, one re-entrant lock) and the meta-path finder that watches target modules.
+"""Activation: ``activate()``, ``deactivate()``, ``report()`` and the meta-path finder that watches
+target modules, over the process's one state (:mod:`._state`).
 
 On ``npu`` this is the one engine module activation loads: its :class:`PostImportFinder`
 waits for the first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
@@ -9,27 +9,26 @@ imports this module.  docs/design.md, "How the engine works", follows one patch 
 Every byte here is unmarshalled by every activated process: keep it small.
 """
 
-import _thread
 import os
 import sys
 
 from . import _env
+from ._state import STATE as _state
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Iterable, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
     from ._env import Decision
-    from ._ledger import Record
     from ._report import Report
     from ._spec import PatchSpec
 
 #: The top-level package of every module the built-in catalogue (``npu_compat._catalog``)
-#: patches or repoints a copy in, written out so that activating never reads the
-#: catalogue.  tests/engine keeps it equal to the catalogue.
-CATALOG_PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
+#: patches or repoints a copy in, written out (in the start-up module, which waits for them
+#: too) so that activating never reads the catalogue.  tests/engine keeps it equal to the catalogue.
+CATALOG_PACKAGES: "frozenset[str]" = _env.startup.PACKAGES
 
 
 class PostImportFinder:
@@ -78,74 +77,12 @@ def _fire(module: "ModuleType") -> None:
     on_import(_state, module)
 
 
-#: Called (no arguments, never under the state's lock) after ``activate()``, after ``deactivate()``
-#: and after every post-import hook that may have changed a patch's status.  The per-process
-#: report file (:mod:`._reportfile`) listens here.  A listener that raises is reported as a
-#: warning; it never breaks an import.
-LISTENERS: "list[Callable[[], None]]" = []
-
-
-class _State:
-    """The process's activation; ``lock`` is held only for steps that import nothing (see _apply)."""
-
-    def __init__(self) -> None:
-        self.lock = _thread.RLock()
-        self.generation = 0
-        # id(new) -> (reference to new, original): see _ledger.remember
-        self.originals: dict[int, tuple[Callable[[], object], object]] = {}
-        self.summary_logged = False
-        self.reset()
-
-    def reset(self) -> None:
-        self.generation += 1  # a commit prepared for an earlier activation is dropped
-        self.active = False
-        self.decision: Decision | None = None
-        self.strict = False
-        self.records: dict[str, Record] = {}
-        self.order: list[Record] = []
-        self.by_module: dict[str, list[Record]] = {}
-        self.by_copy: dict[str, list[Record]] = {}
-        self.finder: PostImportFinder | None = None
-        self.warned_versions: set[tuple[str, str]] = set()
-        # True while the patch list waits for the first import of a target package (or a
-        # report()); ``specs`` is what it will be (None: the built-in catalogue), and
-        # ``read_disable`` whether NPU_COMPAT_DISABLE is read then.
-        self.pending = False
-        self.specs: tuple[PatchSpec, ...] | None = None
-        self.read_disable = False
-
-    def notify(self) -> None:
-        for listener in list(LISTENERS):
-            try:
-                listener()
-            except Exception as exc:  # noqa: BLE001 - a report must never break the user's import
-                from ._errors import warn
-
-                warn(f"npu_compat: report listener {listener!r} failed: {type(exc).__name__}: {exc}")
-
-
-_state = _State()
-
-
-if hasattr(os, "register_at_fork"):
-    # No commit is half done at a fork: the forking thread holds the lock across it, and the child's
-    # is unlocked anew.  Bound methods of the lock, not functions of this module: those would keep
-    # its globals alive into finalisation (about 0.1 ms at every exit, bench/startup.py).  Records
-    # that other threads of the parent were applying are told by their pid (_apply.settle).
-    os.register_at_fork(
-        before=_state.lock.acquire,
-        after_in_parent=_state.lock.release,
-        after_in_child=_state.lock._at_fork_reinit,  # type: ignore[attr-defined]  # as threading does
-    )
-
-
 def _can_wait(packages: "frozenset[str]") -> bool:
-    """Whether reading the patch list can wait for the first import of one of ``packages``:
-    none is imported yet, and neither ``NPU_COMPAT_DISABLE`` (unknown ids are warned about
-    at activation) nor logging (the summary is logged then) could tell the difference."""
-    modules = sys.modules
-    if "logging" in modules or _env._get(os.environ, _env.DISABLE):
+    """Whether reading the patch list can wait for the first import of one of ``packages``: none is
+    imported yet, and ``NPU_COMPAT_DISABLE`` (unknown ids are warned about at activation) is unset."""
+    if os.environ.get(_env.DISABLE):
         return False
+    modules = sys.modules
     return not any(name in modules for name in packages)
 
 
@@ -166,7 +103,7 @@ def activate(
     thread-safe.  ``specs`` replaces the built-in catalogue (tests, extensions).
     """
     state = _state
-    wait, token = True, 0
+    wait = True
     chosen = None if specs is None else tuple(specs)
     packages = CATALOG_PACKAGES
     if chosen is not None:
@@ -182,9 +119,7 @@ def activate(
             active = None
             state.decision = _env.LAST = decision
             if decision.is_npu:
-                state.strict = (
-                    strict if strict is not None else _env.is_true(_env._get(os.environ, _env.STRICT))
-                )
+                state.strict = strict if strict is not None else _env.is_true(os.environ.get(_env.STRICT))
                 # The patch list is read at the first import of a target package (or report());
                 # at once when that cannot wait.
                 state.finder = PostImportFinder((), packages)
@@ -193,7 +128,6 @@ def activate(
                 state.read_disable = not wait
                 state.finder.install()
                 state.active = True
-                token = state.generation
     if active is not None:
         if not state.pending:
             from ._apply import settle  # what no hook will apply (a target imported meanwhile)
@@ -219,10 +153,6 @@ def activate(
 
             _register.materialise(state)
     finally:
-        if _env._get(os.environ, _env.REPORT_DIR):
-            from . import _reportfile  # the per-process report file: it listens from now on
-
-            _reportfile.attach(token)  # unless deactivated since
         state.notify()
     return "npu"
 
@@ -236,15 +166,9 @@ def deactivate() -> None:
 
 def report() -> "Report":
     """One record per patch (``id``, ``target``, ``status``, ``reason``, …) and ``.decision``."""
-    state = _state
-    if state.active:  # the patch list read if it waits; else what no hook will apply (_apply.settle)
-        from . import _register
+    from . import _register
 
-        _register.materialise(state)
-    from . import _catalog, _report
-
-    with state.lock:
-        return _report.build(state, _catalog.SPECS)
+    return _register.report(_state)
 
 
 def is_patched(obj: object) -> bool:

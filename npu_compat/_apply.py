@@ -26,7 +26,7 @@ from os import getpid as _getpid
 from . import _env
 from ._errors import warn
 from ._ledger import MISSING, Change, Record, own, remember
-from ._report import log, maybe_log_summary
+from ._report import log, log_summary_once
 from ._versions import installed_version, version_in_range
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import ModuleType
 
-    from ._activation import _State
     from ._errors import PatchError
     from ._spec import PatchSpec
+    from ._state import State
 
 
 class _Found:
@@ -242,7 +242,7 @@ def _prepare(rec: "Record", module: "ModuleType", records: "Iterable[Record]") -
     return found
 
 
-def _commit(state: "_State", rec: "Record", found: "_Found") -> "_Found":
+def _commit(state: "State", rec: "Record", found: "_Found") -> "_Found":
     """Under the lock: record the outcome; for ``applied``, set the attribute and repoint the copies.
     Imports nothing and calls no code of anyone else's but ``setattr``."""
     change = found.change
@@ -271,7 +271,7 @@ def _commit(state: "_State", rec: "Record", found: "_Found") -> "_Found":
     return found
 
 
-def _announce(state: "_State", rec: "Record", found: "_Found") -> "PatchError | None":
+def _announce(state: "State", rec: "Record", found: "_Found") -> "PatchError | None":
     """After the commit, without the lock: the log line, the warning, and in strict mode the error."""
     spec = rec.spec
     if found.status == "applied":
@@ -293,7 +293,7 @@ def _announce(state: "_State", rec: "Record", found: "_Found") -> "PatchError | 
 
 
 def apply(
-    state: "_State", rec: "Record", module: "ModuleType", generation: int, records: "Iterable[Record]"
+    state: "State", rec: "Record", module: "ModuleType", generation: int, records: "Iterable[Record]"
 ) -> None:
     """Apply one record this thread has claimed (see :func:`claim`) to its just-imported ``module``,
     or say why not; raises :class:`PatchError` in strict mode once the outcome is recorded."""
@@ -315,7 +315,7 @@ def apply(
         raise error
 
 
-def claim(state: "_State", records: "Iterable[Record]") -> "list[Record]":
+def claim(state: "State", records: "Iterable[Record]") -> "list[Record]":
     """Under the lock: the pending records no other thread is applying, now this thread's."""
     pid, thread = _getpid(), _thread.get_ident()
     mine = []
@@ -344,7 +344,7 @@ def _repoint(rec: "Record", module: "ModuleType", name: str) -> None:
         rec.changes.append(Change(module, name, rec.original, rec.new, True))
 
 
-def on_import(state: "_State", module: "ModuleType", settling: bool = True) -> None:
+def on_import(state: "State", module: "ModuleType", settling: bool = True) -> None:
     """The post-import hook (``settling``: first apply what :func:`settle` has waiting).  Never lets
     an error of ours break the user's import (unless strict)."""
     try:
@@ -359,7 +359,7 @@ def on_import(state: "_State", module: "ModuleType", settling: bool = True) -> N
         warn(f"npu_compat: internal error while patching {module.__name__}: {type(exc).__name__}: {exc}")
 
 
-def _on_import(state: "_State", module: "ModuleType") -> None:
+def _on_import(state: "State", module: "ModuleType") -> None:
     name = module.__name__
     with state.lock:
         if not state.active:
@@ -394,7 +394,7 @@ def _on_import(state: "_State", module: "ModuleType") -> None:
                         for copy_module, copy_name in rec.spec.copy_places():
                             if copy_module == name:
                                 _repoint(rec, module, copy_name)
-    maybe_log_summary(state, force=True)
+    log_summary_once(state)
     if watched:
         state.notify()
     if errors:
@@ -406,7 +406,7 @@ def _is_initialised(module: "ModuleType") -> bool:
     return not getattr(spec, "_initializing", False)
 
 
-def apply_imported(state: "_State") -> None:
+def apply_imported(state: "State") -> None:
     """Patch the targets (and repoint the copies) that are already imported.  A module still being
     imported (by another thread, or further up this one's stack) cannot be patched yet; it is
     :func:`settle`'s."""
@@ -416,7 +416,7 @@ def apply_imported(state: "_State") -> None:
             on_import(state, module, settling=False)
 
 
-def settle(state: "_State") -> None:
+def settle(state: "State") -> None:
     """Apply what no hook will: at every post-import hook, ``report()`` and ``activate()``.
 
     A target whose import had begun (its spec found) before the finder was installed -- by another

@@ -33,9 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from . import __version__, _env, _source, _upstream
+from . import _env, _source, _upstream
 from ._errors import ConfigError
 from ._spec import PatchSpec
+from ._version import __version__
 from ._versions import installed_version as _installed
 
 TYPE_CHECKING = False
@@ -561,11 +562,11 @@ def host_npus(environ: dict[str, str]) -> tuple[list[int], str] | None:
         count = _env.parse_count(raw)
         return (list(range(count)), f"{_env.SIMULATE_DEVICES}={raw}") if count else None
     try:
-        names = os.listdir(_env.DEV_DIR)
+        names = os.listdir(_env.startup.DEV_DIR)
     except OSError:
         return None
     numbers = sorted(int(n[7:]) for n in names if n.startswith("davinci") and n[7:].isdigit())
-    return (numbers, f"{_env.DEV_DIR}/davinci*") if numbers else None
+    return (numbers, f"{_env.startup.DEV_DIR}/davinci*") if numbers else None
 
 
 def visible_devices_problem(value: str, present: tuple[list[int], str] | None = None) -> str | None:

@@ -23,29 +23,55 @@ Only ``npu`` leads to any patching.
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported on the start-up path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+
+
+def _load_startup() -> "ModuleType":
+    # The import-free start-up module (``_npu_compat_precheck``, beside this package): loaded at
+    # interpreter start by the .pth or a sitecustomize of ours, else from this package's own
+    # location (never from the current directory).
+    loaded = sys.modules.get("_npu_compat_precheck")
+    if loaded is not None:
+        return loaded
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    try:
+        import _npu_compat_precheck
+    finally:
+        if sys.path and sys.path[0] == root:
+            del sys.path[0]
+    return _npu_compat_precheck
+
+
+#: The start-up module: the names and the evidence the device decision reads, shared with the pre-check.
+startup = _load_startup()
+
 #: ``0`` turns npu-compat off entirely: no auto-activation, and ``activate()``
 #: does nothing.  Any other value (or unset) leaves it on.
-ENABLE = "NPU_COMPAT"
+ENABLE: str = startup.ENABLE
 
 #: ``npu``, ``cuda``, ``cpu`` or ``auto`` (default).  Overrides the device decision.
-DEVICE = "NPU_COMPAT_DEVICE"
+DEVICE: str = startup.DEVICE
 
 #: Upstream Trinity-RFT's name for the same override; honoured when
 #: ``NPU_COMPAT_DEVICE`` is unset or ``auto``.
-TRINITY_DEVICE = "TRINITY_DEVICE"
+TRINITY_DEVICE: str = startup.TRINITY_DEVICE
 
 #: ``1`` makes every patch failure raise :class:`npu_compat.PatchError`.
 STRICT = "NPU_COMPAT_STRICT"
 
 #: Comma-separated patch ids to leave alone, or ``*`` for all of them.
-DISABLE = "NPU_COMPAT_DISABLE"
+DISABLE: str = startup.DISABLE
 
 #: A directory; every activated process writes one JSON report file into it.
-REPORT_DIR = "NPU_COMPAT_REPORT_DIR"
+REPORT_DIR: str = startup.REPORT_DIR
 
 #: ``1`` switches on the simulated Ascend of :mod:`npu_compat.testing` in this
 #: process and in every child process that inherits the environment.
-SIMULATE = "NPU_COMPAT_SIMULATE"
+SIMULATE: str = startup.SIMULATE
 
 #: Number of simulated NPUs (default 2).
 SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
@@ -76,9 +102,8 @@ VLLM_ASCEND_KINDS = ("stand-in", "real")
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
 #: and the vLLM plugin still activate.  For code that calls ``activate()`` itself
 #: with its own arguments.  The launcher drops it from its command's environment.
-#: ``_npu_compat_precheck`` reads this name (and the others its pre-check needs) as
-#: literals, to stay import-free; a test keeps them equal to the names here.
-AUTO = "NPU_COMPAT_AUTO"
+#: Like the other names the device decision reads, its literal is in the import-free start-up module.
+AUTO: str = startup.AUTO
 
 #: Set by npu-compat, not by users: the job's own ``worker_process_setup_hook``
 #: (an import path) that npu-compat's Ray hook runs after activating, in each worker.
@@ -88,9 +113,9 @@ RAY_SETUP_HOOK = "NPU_COMPAT_RAY_SETUP_HOOK"
 PREFIX = "NPU_COMPAT"
 
 # Evidence of an Ascend host, read by the device decision (not ours).
-ASCEND_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+ASCEND_VISIBLE_DEVICES: str = startup.ASCEND_VISIBLE_DEVICES
 #: Set by the CANN toolkit's ``set_env.sh``.
-ASCEND_TOOLKIT_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
+ASCEND_TOOLKIT_VARS: "tuple[str, ...]" = startup.ASCEND_TOOLKIT_VARS
 
 #: HCCL's bound on one collective's execution, in seconds (CANN's, not ours; Atlas A2's default 1836):
 #: a rank whose peer never takes part fails after it.  The simulated HCCL honours it where a real
@@ -142,8 +167,8 @@ DEVICE_VARS = (
     "CUDA_VISIBLE_DEVICES",
 )
 
-TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-FALSE_VALUES = frozenset({"0", "false", "no", "off"})
+TRUE_VALUES: "frozenset[str]" = startup.TRUE_VALUES
+FALSE_VALUES: "frozenset[str]" = startup.FALSE_VALUES
 
 
 def is_true(value: "str | None") -> bool:
@@ -225,15 +250,7 @@ def value_problems(environ: "Mapping[str, str]") -> "list[str]":
     return problems
 
 
-TYPE_CHECKING = False  # typing is not imported on the start-up path
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
 VALID_DEVICES = ("npu", "cuda", "cpu", "auto")
-
-# Where the Ascend driver creates its device nodes; a module attribute so that
-# tests can point it at a temporary directory.
-DEV_DIR = "/dev"
 
 
 class Decision:
@@ -268,60 +285,10 @@ def _normalise(value: str, source: str) -> str:
     return device
 
 
-def _get(env: "Mapping[str, str]", name: str) -> "str | None":
-    """``env.get(name)``.  For ``os.environ`` a name that is not set is answered from its own
-    dict (bytes keys on POSIX), without the encoding and the two KeyErrors that
-    ``os.environ.get`` spends on it: this runs in every interpreter that imports npu_compat."""
-    if env is os.environ and os.name == "posix":
-        data = getattr(env, "_data", None)
-        if type(data) is dict and name.encode() not in data:
-            return None
-    return env.get(name)
-
-
 def ascend_evidence(environ: "Mapping[str, str] | None" = None) -> "tuple[str, ...]":
     """Every sign of an Ascend host, in words; empty on CUDA and plain CPU hosts."""
-    env = os.environ if environ is None else environ
-    found: list[str] = []
-    try:
-        listing = os.listdir(DEV_DIR)
-    except OSError:
-        listing = []
-    # one search of the whole listing (names hold no NUL) before looking at names one by one
-    if "\0davinci" in "\0" + "\0".join(listing):
-        nodes = sorted(n for n in listing if n.startswith("davinci"))
-        found.append(f"{DEV_DIR}/{nodes[0]}" + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""))
-    visible = _get(env, ASCEND_VISIBLE_DEVICES)
-    if visible:
-        found.append(f"{ASCEND_VISIBLE_DEVICES}={visible}")
-    for name in ASCEND_TOOLKIT_VARS:
-        if _get(env, name):
-            found.append(f"{name} is set (CANN toolkit environment)")
-            break
-    if _torch_npu_findable():
-        found.append("torch_npu is importable")
-    return tuple(found)
-
-
-def _torch_npu_findable() -> bool:
-    if "torch_npu" in sys.modules:
-        return True
-    # Look the name up without importing it (torch_npu's import is heavy and, without
-    # the toolkit, fails).  The path finders of this interpreter already hold a
-    # listing of every directory they searched; reading it costs no system call,
-    # which matters on the start-up path.  Directories not listed yet get one access().
-    cache = sys.path_importer_cache
-    sep = os.sep
-    for entry in sys.path:
-        if not isinstance(entry, str):
-            continue
-        listing = getattr(cache.get(entry), "_path_cache", None)
-        if listing:
-            if "torch_npu" in listing:
-                return True
-        elif os.access(f"{entry or '.'}{sep}torch_npu{sep}__init__.py", os.F_OK):
-            return True
-    return False
+    evidence: tuple[str, ...] = startup.evidence(os.environ if environ is None else environ)
+    return evidence
 
 
 #: The decision of the last ``activate()`` in this process (``None`` before any).
@@ -331,18 +298,16 @@ LAST: "Decision | None" = None
 def decide(device: str | None = None, environ: "Mapping[str, str] | None" = None) -> "Decision":
     """Decide which device this process is for.  Raises :class:`ConfigError` on a bad value."""
     env = os.environ if environ is None else environ
-    if is_false(_get(env, ENABLE)):
+    if is_false(env.get(ENABLE)):
         return Decision("off", f"{ENABLE}={env[ENABLE]}")
     if device is not None:
         chosen = _normalise(device, "device")
         if chosen != "auto":
             return Decision(chosen, "activate(device=...)")
-    for name in (DEVICE, TRINITY_DEVICE):
-        raw = _get(env, name)
-        if raw:
-            chosen = _normalise(raw, name)
-            if chosen != "auto":
-                return Decision(chosen, f"{name}={raw}")
+    found = startup.override(env)
+    if found is not None:
+        name, raw = found
+        return Decision(_normalise(raw, name), f"{name}={raw}")
     evidence = ascend_evidence(env)
     if evidence:
         return Decision("npu", "auto", evidence)

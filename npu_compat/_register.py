@@ -15,14 +15,14 @@ from . import _env
 from ._apply import apply_imported, settle
 from ._errors import warn
 from ._ledger import Record
-from ._report import maybe_log_summary
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._activation import _State
+    from ._report import Report
     from ._spec import PatchSpec
+    from ._state import State
 
 
 def catalog() -> "tuple[PatchSpec, ...]":
@@ -60,7 +60,7 @@ def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
     return wanted & known
 
 
-def register(state: "_State", specs: "Sequence[PatchSpec]", disabled: "set[str] | None" = None) -> None:
+def register(state: "State", specs: "Sequence[PatchSpec]", disabled: "set[str] | None" = None) -> None:
     """One pending record per spec (or skipped, when disabled), indexed by module and copy place.
 
     ``disabled`` defaults to what ``NPU_COMPAT_DISABLE`` names now.
@@ -78,7 +78,7 @@ def register(state: "_State", specs: "Sequence[PatchSpec]", disabled: "set[str] 
             state.by_copy.setdefault(copy_module, []).append(rec)
 
 
-def materialise(state: "_State") -> None:
+def materialise(state: "State") -> None:
     """Read the patch list an activation left waiting, watch its modules, patch what is imported.
 
     The list is loaded (and ``NPU_COMPAT_DISABLE`` read) without the state's lock, and registered
@@ -102,13 +102,21 @@ def materialise(state: "_State") -> None:
         assert finder is not None
         finder.names = frozenset([*state.by_module, *state.by_copy])
         finder.packages = frozenset()  # after the names: a racing find_spec sees one or the other
-    try:
-        apply_imported(state)
-    finally:
-        maybe_log_summary(state)
+    apply_imported(state)
 
 
-def first_import(state: "_State") -> None:
+def report(state: "State") -> "Report":
+    """The report of ``state`` as it stands: the patch list read first if it still waits, and what no
+    hook will apply settled (``npu_compat.report()``, and the per-process report file)."""
+    if state.active:
+        materialise(state)
+    from . import _catalog, _report
+
+    with state.lock:
+        return _report.build(state, _catalog.SPECS)
+
+
+def first_import(state: "State") -> None:
     """The first import of a target package is under way (called from the finder, before it runs)."""
     try:
         if state.active:

@@ -3,14 +3,13 @@
 :func:`build` turns the ledger's records (:mod:`._ledger`) into :class:`Report`, one dict
 per patch plus the device decision as ``.decision``; a process where npu-compat is not
 active gets every catalogue patch as ``skipped`` with the reason.  The one-line summary
-(``npu_compat active in pid ...: N patches: ...``) is logged once a process has applied
-something or has logging loaded; :func:`log` is the one way npu-compat logs (``logging``
+(``npu_compat active in pid ...: N patches: ...``) is logged once, when a process first imports a
+patch target; :func:`log` is the one way npu-compat logs (``logging``
 costs milliseconds to import and is only imported once something happens).  The
 per-process report file is :mod:`._reportfile`'s.
 """
 
 import os
-import sys
 
 from . import _env
 from ._ledger import STATUSES, Record
@@ -19,8 +18,8 @@ TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._activation import _State
     from ._spec import PatchSpec
+    from ._state import State
 
 
 class Report(list):  # type: ignore[type-arg]
@@ -50,7 +49,7 @@ def row(rec: "Record") -> "dict[str, object]":
     }
 
 
-def build(state: "_State", catalog: "Sequence[PatchSpec]") -> "Report":
+def build(state: "State", catalog: "Sequence[PatchSpec]") -> "Report":
     """The report of ``state`` (called under its lock, once a waiting patch list has been read); where
     npu-compat is not active, ``catalog``'s patches, each ``skipped`` with the reason."""
     out = Report()
@@ -82,7 +81,7 @@ def log(level: str, message: str) -> None:
     getattr(logging.getLogger("npu_compat"), level)(message)
 
 
-def _summary(state: "_State") -> str:
+def _summary(state: "State") -> str:
     counts = {status: 0 for status in STATUSES}
     for rec in state.records.values():
         counts[rec.status] += 1
@@ -95,15 +94,10 @@ def _summary(state: "_State") -> str:
     )
 
 
-def maybe_log_summary(state: "_State", force: bool = False) -> None:
-    """Log the summary once: when forced (a target was imported), or when logging is loaded."""
+def log_summary_once(state: "State") -> None:
+    """Log the summary once, when the process has imported a target (whether or not logging was loaded)."""
     with state.lock:
-        if (
-            state.summary_logged
-            or state.pending
-            or not state.active
-            or not (force or "logging" in sys.modules)
-        ):
+        if state.summary_logged or state.pending or not state.active:
             return
         state.summary_logged = True
         text = _summary(state)

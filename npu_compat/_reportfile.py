@@ -17,6 +17,8 @@ import os
 import sys
 
 from . import _env
+from ._state import LISTENERS, STATE
+from ._version import __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,9 +78,7 @@ def _superseded(token: "int | None", active: bool) -> bool:
     generation when it changed the state -- was followed by another: that one attaches or detaches."""
     if token is None:
         return False
-    activation = sys.modules.get("npu_compat._activation")
-    state = getattr(activation, "_state", None)
-    return state is not None and (state.generation != token or state.active != active)
+    return STATE.generation != token or STATE.active != active
 
 
 def attach(token: "int | None" = None) -> None:
@@ -91,11 +91,18 @@ def attach(token: "int | None" = None) -> None:
             return
         _attached = True
         _times.setdefault("activated", _now())
-        activation = sys.modules.get("npu_compat._activation")  # loaded: the engine notifies on every change
-        if activation is not None and write not in activation.LISTENERS:
-            activation.LISTENERS.append(write)
+        if write not in LISTENERS:  # the engine notifies on every change
+            LISTENERS.append(write)
         write()
         _start_watcher()
+
+
+def attach_active() -> None:
+    """:func:`attach` for the activation in force, if it is one on ``npu`` (``npu_compat.activate()``)."""
+    with _attach_lock:
+        decision = STATE.decision
+        if STATE.active and decision is not None and decision.is_npu:
+            attach(STATE.generation)
 
 
 def detach(token: "int | None" = None) -> None:
@@ -113,9 +120,8 @@ def detach(token: "int | None" = None) -> None:
             finally:
                 _write_lock.release()
         _attached = False
-        activation = sys.modules.get("npu_compat._activation")
-        if activation is not None and write in activation.LISTENERS:
-            activation.LISTENERS.remove(write)
+        if write in LISTENERS:
+            LISTENERS.remove(write)
 
 
 def _start_watcher() -> None:
@@ -225,9 +231,8 @@ def forget() -> None:
         _attached = False
         _stop_watcher()
     _last = None
-    activation = sys.modules.get("npu_compat._activation")
-    if activation is not None and write in activation.LISTENERS:
-        activation.LISTENERS.remove(write)
+    if write in LISTENERS:
+        LISTENERS.remove(write)
     for name in (target, imports):
         if name is not None:
             try:
@@ -300,9 +305,9 @@ def _write_now() -> None:
 
 def build() -> "dict[str, object]":
     """This process's report as a JSON-ready dict (without the ``updated`` time)."""
-    import npu_compat
+    from ._register import report
 
-    rep = npu_compat.report()
+    rep = report(STATE)
     patches = [{k: r[k] for k in ("id", "target", "status", "reason", "installed", "versions")} for r in rep]
     counts: dict[str, int] = {}
     for p in patches:
@@ -319,7 +324,7 @@ def build() -> "dict[str, object]":
         "ray": ray,
         "python": sys.version.split()[0],
         "executable": sys.executable,
-        "npu_compat": npu_compat.__version__,
+        "npu_compat": __version__,
         "activated_by": _activated_by or "activate()",
         "times": {"started": process_start(), **_times},
         "triggers": list(getattr(precheck, "TRIGGERS", [])),

@@ -15,11 +15,11 @@ from ._ledger import own
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
-    from ._activation import _State
     from ._ledger import Change
+    from ._state import State
 
 
-def deactivate(state: "_State") -> None:
+def deactivate(state: "State") -> None:
     """``deactivate()``: under the lock, every change undone, the environment variables patches set
     restored (:mod:`._effects`), the finder removed and the state reset; then the warnings, the
     listeners, and the report file's last write and its watcher stopped."""
@@ -52,7 +52,7 @@ def deactivate(state: "_State") -> None:
         _reportfile.detach(token)  # and its listener and watcher thread stop (unless activated since)
 
 
-def undo(state: "_State") -> "list[str]":
+def undo(state: "State") -> "list[str]":
     """Restore every change, in reverse order; the warnings to give."""
     messages = []
     for rec in reversed(state.order):

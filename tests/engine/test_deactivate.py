@@ -44,7 +44,7 @@ def snapshot():
         "path": list(sys.path),
     }
 
-from npu_compat import _activation
+from npu_compat import _activation, _state
 before = snapshot()
 cycles = []
 for i in range(6):
@@ -61,7 +61,7 @@ for i in range(6):
         "environ_diff": sorted(set(after["environ"].items()) ^ set(before["environ"].items())),
         "threads_diff": sorted(set(after["threads"]) ^ set(before["threads"])),
         "originals": len(_activation._state.originals),
-        "listeners": len(_activation.LISTENERS),
+        "listeners": len(_state.LISTENERS),
     })
 print(json.dumps(cycles))
 """

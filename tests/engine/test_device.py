@@ -13,8 +13,8 @@ from npu_compat import ConfigError, _env
 def no_dev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     dev = tmp_path / "dev"
     dev.mkdir()
-    monkeypatch.setattr(_env, "DEV_DIR", str(dev))
-    monkeypatch.setattr(_env, "_torch_npu_findable", lambda: False)
+    monkeypatch.setattr(_env.startup, "DEV_DIR", str(dev))
+    monkeypatch.setattr(_env.startup, "torch_npu_findable", lambda: False)
     return dev
 
 
@@ -78,7 +78,7 @@ def test_visible_devices_and_toolkit_are_evidence() -> None:
 
 def test_findable_torch_npu_is_evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()  # the real lookup this time
-    monkeypatch.setattr(_env, "DEV_DIR", str(tmp_path / "nothing"))
+    monkeypatch.setattr(_env.startup, "DEV_DIR", str(tmp_path / "nothing"))
     assert _env.decide(environ={}).device == "cpu"
     (tmp_path / "torch_npu").mkdir()
     (tmp_path / "torch_npu" / "__init__.py").write_text("raise ImportError('must not be imported')\n")

@@ -32,22 +32,14 @@ def boot() -> Iterator[object]:
         sys.path.remove(str(REPO))
 
 
-def test_the_pre_check_reads_the_names_of_env(boot: object) -> None:
-    b = boot
-    assert b._ENABLE == _env.ENABLE  # type: ignore[attr-defined]
-    assert b._AUTO == _env.AUTO  # type: ignore[attr-defined]
-    assert b._OVERRIDES == (_env.DEVICE, _env.TRINITY_DEVICE)  # type: ignore[attr-defined]
-    assert b._HINTS == (  # type: ignore[attr-defined]
-        _env.SIMULATE,
-        _env.REPORT_DIR,
-        _env.ASCEND_VISIBLE_DEVICES,
-        *_env.ASCEND_TOOLKIT_VARS,
-    )
-    assert set(b._FALSE) == _env.FALSE_VALUES  # type: ignore[attr-defined]
-    assert b.DEV_DIR == _env.DEV_DIR  # type: ignore[attr-defined]
-    assert b._REPORT_DIR == _env.REPORT_DIR  # type: ignore[attr-defined]
-    assert b._NOW == (_env.SIMULATE, _env.REPORT_DIR, _env.DISABLE)  # type: ignore[attr-defined]
-    assert b._PACKAGES == _activation.CATALOG_PACKAGES  # type: ignore[attr-defined]
+def test_env_reads_its_decision_names_from_the_start_up_module(boot: object) -> None:
+    # one literal for each name, in the import-free module both the pre-check and the engine read
+    assert _env.startup is sys.modules["_npu_compat_precheck"]
+    for name in ("ENABLE", "AUTO", "DEVICE", "TRINITY_DEVICE", "REPORT_DIR", "SIMULATE", "DISABLE"):
+        assert getattr(_env, name) == getattr(boot, name)
+    assert _env.ASCEND_TOOLKIT_VARS == boot.ASCEND_TOOLKIT_VARS  # type: ignore[attr-defined]
+    assert _env.FALSE_VALUES == boot.FALSE_VALUES  # type: ignore[attr-defined]
+    assert _activation.CATALOG_PACKAGES == boot.PACKAGES  # type: ignore[attr-defined]
 
 
 ENVIRONMENTS = [
@@ -78,10 +70,9 @@ def test_the_pre_check_never_skips_an_npu_decision(
     dev.mkdir()
     if environ.pop("DAVINCI", None):
         (dev / "davinci3").touch()
-    monkeypatch.setattr(boot, "DEV_DIR", str(dev))
-    monkeypatch.setattr(_env, "DEV_DIR", str(dev))
-    monkeypatch.setattr(_env, "_torch_npu_findable", lambda: False)
-    monkeypatch.setattr(boot, "_torch_npu_on_path", lambda: False)
+    for module in (boot, _env.startup):  # the checkout's and the installed copy, where they differ
+        monkeypatch.setattr(module, "DEV_DIR", str(dev))
+        monkeypatch.setattr(module, "torch_npu_findable", lambda: False)
     decision = _env.decide(environ=environ)
     assert boot.wanted(environ) == decision.is_npu  # type: ignore[attr-defined]
 
