@@ -1,5 +1,5 @@
 """How long ``python -m npu_compat check`` takes on a release, against its goal of 5 s for a wheel of
-Trinity's size (issue: the drift radar).
+Trinity's size (the drift session runs it on every release it downloads).
 
     python bench/check_speed.py [ARTIFACT ...] [--rounds N]
 

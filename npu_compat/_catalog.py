@@ -1,14 +1,15 @@
 """Every built-in patch, as data (read by the engine, by ``report()`` and by ``doctor``).
 
 Listing this catalogue imports no upstream module.  Specs are grouped by target; within
-one target they apply in the order listed (a later spec wraps an earlier one).
+one target they apply in the order listed (a later spec wraps an earlier one).  A reason that
+cites a row (A14, B16, N1) means a row of the break map, ``docs/break-map.md``.
 """
 
 from ._spec import PatchSpec
 
 _P = "npu_compat.patches."
 
-# -- torch.distributed (issue 5) -------------------------------------------------------------------
+# -- torch.distributed ---------------------------------------------------------------------------------
 _TORCH = "torch"
 _TORCH_RANGE = ">=2.5,<2.15"
 _C10D = "torch.distributed.distributed_c10d"
@@ -59,7 +60,7 @@ TORCH_SPECS = (
     ),
 )
 
-# -- Ray (issue 5) -----------------------------------------------------------------------------------
+# -- Ray -----------------------------------------------------------------------------------------------
 _RAY = "ray"
 _RAY_RANGE = ">=2.40,<3"
 _GUARD_WHY = (
@@ -144,7 +145,7 @@ RAY_SPECS = (
     ),
 )
 
-# -- vLLM (issue 6) -------------------------------------------------------------------------------------
+# -- vLLM ----------------------------------------------------------------------------------------------
 VLLM_SPECS = (
     PatchSpec(
         "vllm.weight_transfer.nccl_is_hccl",
@@ -157,7 +158,7 @@ VLLM_SPECS = (
     ),
 )  # fmt: skip
 
-# -- torch.compile (rows A26, 29) --------------------------------------------------------------------
+# -- torch.compile (rows A26, B29) ---------------------------------------------------------------------
 _NO_NPU_COMPILER = _P + "torch_compile:no_npu_compiler"
 COMPILE_SPECS = (
     PatchSpec(
@@ -179,12 +180,12 @@ COMPILE_SPECS = (
         condition=_NO_NPU_COMPILER,
         wrapper=_P + "torch_compile:dp_actor_without_compile",
         why="verl compiles entropy_from_logits unless use_torch_compile is False; Trinity's configs "
-        "have no such key (row 29, and trinity 0.6's legacy trainer). An explicit value is kept",
+        "have no such key (row B29, and trinity 0.6's legacy trainer). An explicit value is kept",
         remove_when="an Ascend torch.compile backend ships with torch_npu by default",
     ),
 )
 
-# -- Trinity-RFT, both releases (issues 5-7) ---------------------------------------------------------
+# -- Trinity-RFT, both releases ------------------------------------------------------------------------
 _TRINITY = "trinity-rft"
 _NO_NATIVE = _P + "trinity_common:no_native_npu"
 TRINITY_SPECS = (
@@ -196,7 +197,7 @@ TRINITY_SPECS = (
         condition=_NO_NATIVE,
         replacement=_P + "ray_resources:ray_counting_npus",
         why="the cluster validator sizes gpu_per_node from each node's 'GPU' resource: 0 on an NPU cluster, "
-        "and the run stops in validation (rows A1, 1)",
+        "and the run stops in validation (rows A1, B1)",
         upstream_fix="Trinity's merged NPU support counts the detected device's resource",
         remove_when="a trinity-rft release with trinity.utils.device",
     ),
@@ -213,7 +214,8 @@ TRINITY_SPECS = (
             "trinity.trainer.verl.megatron_workers",
         ],
         expects=["backend", "device_id"],
-        why="asserts backend == 'nccl' and is_nccl_available(): the weight-sync group cannot form over HCCL",
+        why="asserts backend == 'nccl' and is_nccl_available(): the weight-sync group cannot form over HCCL "
+        "(rows A16, B15)",
         upstream_fix="Trinity's merged NPU support (trinity.utils.device) picks the backend per device",
         remove_when="a trinity-rft release with trinity.utils.device",
     ),
@@ -226,16 +228,17 @@ _VIEW_WHY = "calls torch.cuda.{calls} on {where}: 'Torch not compiled with CUDA 
 
 
 def _torch_view(spec_id: str, module: str, versions: str, calls: str, where: str, rows: str) -> PatchSpec:
-    """A scoped torch.cuda -> torch.npu view for one upstream module."""
+    """A scoped torch.cuda -> torch.npu view for one upstream module; ``rows`` are its break-map rows."""
+    cited = f" (row{'s' if ',' in rows else ''} {rows})"
     return PatchSpec(
         spec_id, f"{module}:torch", distribution=_TRINITY, versions=versions, condition=_NO_NATIVE,
-        replacement=_VIEW, why=_VIEW_WHY.format(calls=calls, where=where) + f" (map rows {rows})",
+        replacement=_VIEW, why=_VIEW_WHY.format(calls=calls, where=where) + cited,
         upstream_fix="Trinity's merged NPU support calls the device module of the detected device",
         remove_when="a trinity-rft release with trinity.utils.device",
     )  # fmt: skip
 
 
-# -- Trinity-RFT 0.6.0 (issue 6) ----------------------------------------------------------------------
+# -- Trinity-RFT 0.6.0 ---------------------------------------------------------------------------------
 _T06 = ">=0.6.0,<0.7"
 _NO_NATIVE_HCCL = _P + "trinity_vllm:has_hccl_engine"
 TRINITY_060_SPECS = (
@@ -302,23 +305,23 @@ TRINITY_060_SPECS = (
                 "get_device_capability/synchronize/empty_cache", "the legacy FSDP workers", "A29, A30"),
 )  # fmt: skip
 
-# -- Trinity-RFT 0.5.2 (issue 7) ----------------------------------------------------------------------
+# -- Trinity-RFT 0.5.2 ---------------------------------------------------------------------------------
 _T052 = ">=0.5.2,<0.6"
 TRINITY_052_SPECS = (
     PatchSpec(
         "trinity.verl.trainer_device", "trinity.trainer.verl.verl_config:Trainer.__init__",
         distribution=_TRINITY, versions=_T052, condition=_NO_NATIVE, wrapper=_CFG + "npu_default_device",
-        why="trainer.device defaults to 'cuda': verl asks Ray for {'CPU': 3, 'GPU': 1} bundles (row 16)",
+        why="trainer.device defaults to 'cuda': verl asks Ray for {'CPU': 3, 'GPU': 1} bundles (row B16)",
         upstream_fix="verl's auto_set_device, which Trinity bypasses", remove_when=_NATIVE_RELEASE,
     ),
     _torch_view("trinity.verl.fsdp_workers.cuda", "trinity.trainer.verl.fsdp_workers", _T052,
-                "empty_cache/synchronize", "the FSDP workers' offload and weight sync", "20, 22, 25"),
+                "empty_cache/synchronize", "the FSDP workers' offload and weight sync", "B20, B22, B25"),
     _torch_view("trinity.vllm_worker.cuda", "trinity.common.models.vllm_worker", _T052,
-                "synchronize/empty_cache", "the rollout side of weight sync", "14"),
+                "synchronize/empty_cache", "the rollout side of weight sync", "B14"),
 )  # fmt: skip
 
-# -- Trinity-RFT, both releases: device settings that silently do the CUDA thing (WRONG rows; issues 6, 7) --
-# 0.6.0: A2, A3, A7, A35; 0.5.2: 2, 3, 9, 32 -- the same code in both releases.
+# -- Trinity-RFT, both releases: device settings that silently do the CUDA thing (WRONG rows) ----------
+# 0.6.0: A2, A3, A7, A35; 0.5.2: B2, B3, B9, B32 -- the same code in both releases.
 TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
     PatchSpec(
         "trinity.vllm_model.visible_devices", "trinity.common.models.vllm_model:vLLMRolloutModel.__init__",
@@ -326,7 +329,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         wrapper=_P + "trinity_devices:ascend_visible_devices", expects=["config"],
         why="exports config.cuda_visible_devices (colocate mode: '0', set by ExplorerConfigValidator) as "
         "CUDA_VISIBLE_DEVICES, which Ascend ignores: it becomes ASCEND_RT_VISIBLE_DEVICES "
-        "(rows A7, A2; 0.5.2: 9, 2)",
+        "(rows A7, A2, B9, B2)",
         upstream_fix="Trinity's merged NPU support exports the detected device's visible-devices variable",
         remove_when=_NATIVE_RELEASE,
     ),
@@ -357,7 +360,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_memory_check", expects=["config"],
         why="the trainer memory check asks torch.cuda.is_available() (False on Ascend), logs 'NO GPU "
-        "DETECTED' and skips: it runs against torch.npu.get_device_properties(0) (rows A3; 0.5.2: 3)",
+        "DETECTED' and skips: it runs against torch.npu.get_device_properties(0) (rows A3, B3)",
         upstream_fix="Trinity's merged NPU support asks the detected device module",
         remove_when=_NATIVE_RELEASE,
     ),
@@ -367,7 +370,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_alloc_conf", expects=["module_name"],
         why="the FSDP memory threshold and advice follow PYTORCH_CUDA_ALLOC_CONF; torch_npu reads "
-        "PYTORCH_NPU_ALLOC_CONF (rows A3; 0.5.2: 3; with trinity 0.6 reached with verl < 0.8)",
+        "PYTORCH_NPU_ALLOC_CONF (rows A3, B3; with trinity 0.6 reached with verl < 0.8)",
         upstream_fix="Trinity's merged NPU support reads the detected device's allocator variable",
         remove_when=_NATIVE_RELEASE,
     ),
@@ -376,7 +379,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         distribution=_TRINITY, versions=">=0.5.2,<0.7", condition=_NO_NATIVE,
         wrapper=_P + "trinity_devices:npu_empty_cache", copies=["trinity.common.config_validator"],
         why="create_dummy_lora frees the dummy model with torch.cuda.empty_cache(), a no-op on Ascend: "
-        "torch.npu.empty_cache() runs after it (rows A35; 0.5.2: 32)",
+        "torch.npu.empty_cache() runs after it (rows A35, B32)",
         upstream_fix="Trinity's merged NPU support empties the detected device's cache",
         remove_when=_NATIVE_RELEASE,
     ),
@@ -387,7 +390,7 @@ SPECS: "tuple[PatchSpec, ...]" = (
     *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS, *TRINITY_DEVICE_SETTINGS_SPECS,
 )  # fmt: skip
 
-# -- Process seams (issue 4) ---------------------------------------------------------------
+# -- Process seams -------------------------------------------------------------------------------------
 # Not a CUDA assumption but a reach: code that breaks on Ascend runs in Ray workers
 # started by raylets, which a patch applied only in the driver never reaches.
 SEAM_SPECS: "tuple[PatchSpec, ...]" = (

@@ -56,7 +56,6 @@ from tests.e2e import scenario  # noqa: E402
 STUCK_AFTER_S = 20.0
 #: Bounds of the driver, if nothing stops it earlier (the e2e tests' bounds).
 BOUND_S = {"stock": 240.0, "compat": 900.0}
-#: Where the npu-compat run stops today (tests/e2e/FINDINGS.md), and how long the demo gives it there.
 
 #: What a stage is, in words (for the stage a run did not reach).
 STAGE_WORDS = {

@@ -14,7 +14,7 @@ with the backend found.
   reads when it compiles ``entropy_from_logits`` (found by the whole run); both become False.
   The user's ``trainer_config`` overrides are merged after this function, so a
   ``use_torch_compile`` set there still wins.
-* verl 0.7.1 (trinity 0.5.2 row 29, and trinity 0.6.0's legacy trainer): ``DataParallelPPOActor``
+* verl 0.7.1 (trinity 0.5.2 row B29, and trinity 0.6.0's legacy trainer): ``DataParallelPPOActor``
   compiles ``entropy_from_logits`` (and ``calculate_sum_pi_squared_from_logits``) unless its
   config says ``use_torch_compile: False``; Trinity's configs have no such key.  When the key is
   absent the plain functions are used; an explicit value is left alone.

@@ -1,6 +1,6 @@
 """Trinity-RFT's trainer device on Ascend: verl builds its worker groups for ``npu``.
 
-* ``Trainer.device`` (0.5.2 row 16; 0.6.0 legacy trainer row A28): the dataclass defaults
+* ``Trainer.device`` (0.5.2 row B16; 0.6.0 legacy trainer row A28): the dataclass defaults
   to ``"cuda"``; verl's ``RayPPOTrainer`` takes it as its device name and asks Ray for
   ``{"CPU": n, "GPU": 1}`` STRICT_PACK bundles and ``num_gpus`` workers.  Trinity bypasses
   verl's own ``auto_set_device``.  The default becomes ``"npu"`` -- only the default: a

@@ -1,10 +1,11 @@
 """Trinity-RFT's device settings that run but do the wrong thing on Ascend.
 
-Map rows A2, A3, A7, A35 (0.6.0) and their 0.5.2 twins 2, 3, 9, 32: the code is the same in both
-releases (names, signatures, the advice line), so one spec (its range covers both) serves both.
+Rows A2, A3, A7, A35 (0.6.0) and their 0.5.2 twins B2, B3, B9, B32 of docs/break-map.md: the code is
+the same in both releases (names, signatures, the advice line), so one spec (its range covers both)
+serves both.
 None of these crash: on an Ascend host they pass silently and do the CUDA thing instead.
 
-* ``vLLMRolloutModel.__init__`` (rows A7 and A2; 0.5.2: 9 and 2): ``config.cuda_visible_devices``
+* ``vLLMRolloutModel.__init__`` (rows A7, A2, B9, B2): ``config.cuda_visible_devices``
   (colocate mode only; ``ExplorerConfigValidator`` sets it to ``"0"``, row A2) is exported as
   ``CUDA_VISIBLE_DEVICES``, which neither torch_npu nor vllm-ascend reads: the rollout engine keeps the
   devices Ray gave the actor.  The same value is exported as ``ASCEND_RT_VISIBLE_DEVICES`` instead,
@@ -14,20 +15,20 @@ None of these crash: on an Ascend host they pass silently and do the CUDA thing 
   platform, the field is Trinity's config schema (there is no Ascend field to set instead), and this is
   its only reader outside SGLang (out of scope).  0.5.2's ``__init__`` also builds the vLLM engine, after
   the export: the engine starts with ``ASCEND_RT_VISIBLE_DEVICES`` already set.
-* ``GPUMemoryValidator.validate_trainer_memory_usage`` (row A3; 0.5.2: 3): asks
+* ``GPUMemoryValidator.validate_trainer_memory_usage`` (rows A3, B3): asks
   ``torch.cuda.is_available()``, which is False on Ascend (and must stay False), logs "NO GPU DETECTED"
   and skips the trainer memory check.  Where ``torch.npu`` has a device, the method's few lines run
   against it: the capacity comes from ``torch.npu.get_device_properties(0)`` and the FSDP check runs as
   upstream would run it.  The method imports torch locally, so a scoped torch view of the module would
   not reach it.
-* ``GPUMemoryValidator._check_max_memory_in_fsdp_training`` (row A3; 0.5.2: 3; reached by 0.6 with
+* ``GPUMemoryValidator._check_max_memory_in_fsdp_training`` (rows A3, B3; reached by 0.6 with
   verl < 0.8 only, by 0.5.2 always): the threshold is 90 % of the device with
   ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and 80 % without, and the advice names that
   variable.  torch_npu reads ``PYTORCH_NPU_ALLOC_CONF``.  The flag and the threshold, set by
   ``fsdp_memory_check`` just before, are recomputed from the NPU variable (same test: the whole value
   equals ``expandable_segments:True``) where they are used, and the advice line that names the CUDA
   variable -- matched as the whole line -- names the NPU one.
-* ``create_dummy_lora`` (row A35; 0.5.2: 32): frees the dummy model with ``torch.cuda.empty_cache()``, a
+* ``create_dummy_lora`` (rows A35, B32): frees the dummy model with ``torch.cuda.empty_cache()``, a
   no-op on Ascend; ``torch.npu.empty_cache()`` runs after it.  Again a local ``import torch``.
 """
 

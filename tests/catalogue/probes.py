@@ -579,12 +579,12 @@ def probe_A29() -> dict[str, Any]:
 # -- trinity-rft 0.5.2 ---------------------------------------------------------------------------
 
 
-def probe_r1() -> dict[str, Any]:
+def probe_B1() -> dict[str, Any]:
     """The cluster validator must count the node's NPUs as its accelerators."""
     return _cluster_count("trinity.common.config_validator")
 
 
-def probe_r6() -> dict[str, Any]:
+def probe_B6() -> dict[str, Any]:
     """_BundleAllocator: its placement group must become ready on an NPU-only cluster."""
     _ray()
     from trinity.common.models import _BundleAllocator
@@ -593,18 +593,18 @@ def probe_r6() -> dict[str, Any]:
     return {"node_bundles": allocator.node_bundle_list, **_pg_state(allocator.pg)}
 
 
-def probe_r7() -> dict[str, Any]:
+def probe_B7() -> dict[str, Any]:
     """create_vllm_inference_models: the TP=1 rollout actor must be scheduled into an NPU bundle."""
     ray = _ray()
     from ray.util.placement_group import placement_group
     from trinity.common.config import InferenceModelConfig
     from trinity.common.models import create_vllm_inference_models
 
-    if _activated():  # the real allocator, as create_explorer_models builds it (its GPU bundles are row 6)
+    if _activated():  # the real allocator, as create_explorer_models builds it (its GPU bundles are row B6)
         from trinity.common.models import _BundleAllocator
 
         allocator: Any = _in_thread(lambda: _BundleAllocator(num_gpus=1), 60)
-    else:  # stock would hang in row 6 first: hand it the NPU bundle an NPU-aware row 6 yields
+    else:  # stock would hang in row B6 first: hand it the NPU bundle an NPU-aware row B6 yields
         pg = placement_group([{"NPU": 1.0}], strategy="PACK")
         ray.get(pg.ready(), timeout=60)
         allocator = types.SimpleNamespace(pg=pg, allocate=lambda n: [0])
@@ -662,11 +662,11 @@ def probe_N1() -> dict[str, Any]:
     return {"nz": os.environ.get("VLLM_ASCEND_ENABLE_NZ"), "update_active": worker._weight_update_active}
 
 
-#: 0.5.2's init_process_group is the same function as 0.6.0's (row 15 = A16).
-probe_r15 = probe_A16
+#: 0.5.2's init_process_group is the same function as 0.6.0's (row B15 = A16).
+probe_B15 = probe_A16
 
 
-def probe_r13() -> dict[str, Any]:
+def probe_B13() -> dict[str, Any]:
     """WorkerExtension.init_process_group (the rollout side, name-imported init_process_group)."""
     import torch
     from trinity.common.models.vllm_worker import WorkerExtension
@@ -692,12 +692,12 @@ def probe_r13() -> dict[str, Any]:
     return {"backend": str(torch.distributed.get_backend(group)), "size": group.size()}
 
 
-def probe_r16() -> dict[str, Any]:
+def probe_B16() -> dict[str, Any]:
     """The trainer's default device must give verl NPU placement groups that become ready."""
     return _trainer_device_placement("trinity.trainer.verl.verl_config", colocate=3)
 
 
-def probe_r25() -> dict[str, Any]:
+def probe_B25() -> dict[str, Any]:
     """ActorRolloutRefWorker.sync_weight on trainer rank 0 must get past its device sync."""
     import torch.distributed as dist
     from trinity.trainer.verl.fsdp_workers import ActorRolloutRefWorker
@@ -717,9 +717,8 @@ def probe_r25() -> dict[str, Any]:
 
 
 def _row_id(function_name: str) -> str:
-    """``probe_A5`` -> ``A5`` (0.6.0 rows); ``probe_r6`` -> ``6`` (0.5.2 rows are bare numbers)."""
-    name = function_name.removeprefix("probe_")
-    return name[1:] if name.startswith("r") else name
+    """``probe_A5`` -> ``A5``, ``probe_B6`` -> ``B6``: the row ids of docs/break-map.md."""
+    return function_name.removeprefix("probe_")
 
 
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {

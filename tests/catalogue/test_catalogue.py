@@ -1,11 +1,10 @@
 """The break catalogue: real upstream code under the simulated Ascend, without and with npu-compat.
 
-For each HANG/CRASH row of the map that applies to the installed stack:
+For each row of docs/break-map.md with a catalogue probe that applies to the installed stack:
 
 * ``test_red``   -- stock upstream fails the way a user would see it (an assert, "Torch
   not compiled with CUDA enabled", a placement group still pending after a bounded wait);
-* ``test_green`` -- its twin: the same probe with npu-compat active must succeed.  A strict
-  expected failure until the issue that patches the row lands;
+* ``test_green`` -- its twin: the same probe with npu-compat active must succeed;
 * ``test_cuda_decision_changes_nothing`` -- with npu-compat activated on a CUDA decision the
   outcome is exactly the stock one.
 
@@ -70,14 +69,7 @@ def test_red(row: Row, outcomes: dict[str, dict[str, dict[str, Any]]]) -> None:
         assert got["status"] == "error" and got["error"].startswith(row.red), got
 
 
-GREEN = [
-    pytest.param(row, id=row.id, marks=() if row.fixed else pytest.mark.xfail(
-        strict=True, reason=f"its patch lands with issue {row.green_issue}"))
-    for row in ROWS
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("row", GREEN)
+@pytest.mark.parametrize("row", ROWS, ids=_ids(ROWS))
 def test_green(row: Row, outcomes: dict[str, dict[str, dict[str, Any]]]) -> None:
     got = outcomes["npu-compat"][row.probe]
     assert got["status"] == "ok", got

@@ -1,4 +1,4 @@
-"""The end-to-end scenario of issue 8: the real ``trinity run`` on a simulated Ascend Ray cluster.
+"""The end-to-end scenario: the real ``trinity run`` on a simulated Ascend Ray cluster.
 
 Test harness, never part of ``npu_compat``.  ``python -m tests.e2e.scenario {compat,stock} OUT``:
 

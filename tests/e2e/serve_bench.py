@@ -1,4 +1,4 @@
-"""Trinity's ``mode: bench`` and ``mode: serve`` on the simulated Ascend cluster (issue 24, item 7).
+"""Trinity's ``mode: bench`` and ``mode: serve`` on the simulated Ascend cluster.
 
 Test harness, never part of ``npu_compat``.  Both modes are the Explorer alone (launcher ``bench`` / ``serve``,
 ``trinity/cli/launcher.py``): ``Explorer.prepare`` (the rollout's vLLM engine on one NPU), then

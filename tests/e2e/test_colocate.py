@@ -1,4 +1,4 @@
-"""Issue 24, item 5: the whole run on a one-NPU cluster, in the mode Trinity 0.6.0 picks for it (``colocate``).
+"""The whole run on a one-NPU cluster, in the mode Trinity 0.6.0 picks for it (``colocate``).
 
 On a cluster of one node and one accelerator Trinity 0.6.0 switches mode ``both`` to ``colocate``
 (``RayClusterConfigValidator._set_cluster_info``: "Detected single-node single-GPU Ray cluster, setting mode to
@@ -19,7 +19,7 @@ So the tests assert what happens: stock stops in validation (it counts no GPU, a
 with npu-compat Trinity counts the one NPU, picks colocate, builds the trainer on the NPU and then waits on its
 own rollout bundle (stopped 90 s after the trainer is ready); and colocate itself runs two GRPO steps when the
 config asks for one accelerator (``gpu_per_node: 1``) of a two-NPU cluster, where Ray can place both bundles --
-without the rollout ever sleeping (tests/e2e/FINDINGS.md, "Colocate").
+without the rollout ever sleeping (docs/findings/shapes.md, "Colocate").
 """
 
 from __future__ import annotations

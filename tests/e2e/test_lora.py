@@ -1,4 +1,4 @@
-"""Issue 24 item 6: Trinity's LoRA mode as a whole ``trinity run`` on a simulated Ascend cluster.
+"""Trinity's LoRA mode as a whole ``trinity run`` on a simulated Ascend cluster.
 
 The bundled ``examples/e2e/trinity_tiny.yaml`` with ``model.lora_configs`` (one adapter, rank 8,
 ``all-linear``): Trinity turns ``enable_lora`` on for the rollout's vLLM engine, makes a dummy adapter

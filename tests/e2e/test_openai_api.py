@@ -1,4 +1,4 @@
-"""Issue 24 item 3: the OpenAI-compatible server on the rollout, as Trinity's workflows use it, in a whole run.
+"""The OpenAI-compatible server on the rollout, as Trinity's workflows use it, in a whole run.
 
 ``explorer.rollout_model.enable_openai_api: true`` makes Trinity 0.6's ``vLLMRolloutModel`` actor serve vLLM's
 OpenAI API (``trinity/common/models/vllm_patch/api_patch_v17.py``: vLLM's FastAPI app on the actor's event
@@ -8,7 +8,7 @@ workflow (``tests/e2e/openai_workflow.py``, loaded by Trinity from a dotted ``de
 to the rollout through both clients -- async with ``n``, then sync -- with ``temperature``, ``max_tokens``
 and ``logprobs``/``top_logprobs``, and trains on that history: the bundled GRPO config (mode ``both``, two
 NPUs, two steps), on the simulated Ascend, through ``python -m npu_compat``.  Stock stops before the server
-exists (tests/e2e/FINDINGS.md, "OpenAI API server").
+exists (docs/findings/shapes.md, "OpenAI API server").
 """
 
 from __future__ import annotations

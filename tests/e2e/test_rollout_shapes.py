@@ -1,4 +1,4 @@
-"""Issue 24: the rollout in the shapes Trinity's users run, as whole ``trinity run``s on a simulated Ascend cluster.
+"""The rollout in the shapes Trinity's users run, as whole ``trinity run``s on a simulated Ascend cluster.
 
 Each test edits the bundled ``examples/e2e/trinity_tiny.yaml`` into one shape (``scenario.run``'s ``edit``)
 and runs it through ``python -m npu_compat`` on an NPU-only cluster of the size the shape needs.  What

@@ -1,4 +1,4 @@
-"""Issue 24 item 7: Trinity's ``mode: bench`` and ``mode: serve`` through ``python -m npu_compat trinity run``.
+"""Trinity's ``mode: bench`` and ``mode: serve`` through ``python -m npu_compat trinity run``.
 
 ``bench`` evaluates the checkpoints a finished run saved (``Explorer.benchmark``: each ``global_step_N`` loaded
 into the rollout's vLLM engine, the config's eval taskset run on it, ``bench/...`` metrics per step);

@@ -1,4 +1,4 @@
-"""Issue 25: the trainer as Trinity's users run it, as whole ``python -m npu_compat trinity run``s.
+"""The trainer as Trinity's users run it, as whole ``python -m npu_compat trinity run``s.
 
 SFT and DPO (``mode: train`` on expert data) run configs shipped with the examples
 (``examples/e2e/trinity_tiny_sft.yaml``, ``trinity_tiny_dpo.yaml``: Trinity's defaults but for the tiny
@@ -129,7 +129,7 @@ def _one_conversation(directory: Path) -> Path:
 def test_compat_sft_resumes_from_its_step_1_checkpoint_with_the_uninterrupted_runs_step_2_loss(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """Issue 25 item 6: a run saves at step 1 (``save_interval: 1``) and ends (``total_steps: 1``); a second
+    """A run saves at step 1 (``save_interval: 1``) and ends (``total_steps: 1``); a second
     run of the same config in the same checkpoint directory, with Trinity's default
     ``continue_from_checkpoint: true``, loads the saved ``npu`` tensors (model, optimizer, RNG, scheduler)
     and trains on from step 2, and its losses equal the uninterrupted run's: at step 2, and at step 3
@@ -137,7 +137,7 @@ def test_compat_sft_resumes_from_its_step_1_checkpoint_with_the_uninterrupted_ru
 
     Every batch of the data is the same conversation, so that the loss depends on the restored tensors
     alone: Trinity's reader resumes at the offset it saved after sampling for a step it did not train
-    (FINDINGS), so with the shipped data the two runs' step 2 would read different samples.  The learning
+    (docs/findings), so with the shipped data the two runs' step 2 would read different samples.  The learning
     rate is the bundled GRPO config's 1e-3, so that each step moves the loss (at Trinity's 1e-6 the printed
     loss stays the same, and a resume that loaded nothing would look alike): step 2's loss is the model's
     after step 1, step 3's also depends on the optimizer's state after step 2."""
@@ -195,7 +195,7 @@ def _fsdp1(text: str) -> str:
 @pytest.mark.uses_verl  # verl 0.8's engine on stack a, Trinity's legacy fsdp_workers on verl 0.7.1 (stack b)
 @pytest.mark.beyond_ci
 def test_compat_both_trains_two_grpo_steps_with_fsdp1(tmp_path: Path, tiny_model: Path) -> None:
-    """Issue 25 item 5: the bundled GRPO run with ``trainer_strategy: fsdp`` (FSDP1, Trinity's test
+    """The bundled GRPO run with ``trainer_strategy: fsdp`` (FSDP1, Trinity's test
     template's strategy) instead of ``fsdp2``: two steps with a loss, and each weight sync leaves the
     rollout holding what the trainer sent (in the rollout's dtype)."""
     out = tmp_path / "fsdp1"
@@ -294,7 +294,7 @@ DP_WEIGHTS_APART = 0.01
 def test_compat_ppo_with_a_critic_computes_the_same_at_data_parallel_size_2_as_at_1(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """Issue 25 items 1 and 2: PPO with its critic (``critic/vf_loss``) and KL to the reference model, the
+    """PPO with its critic (``critic/vf_loss``) and KL to the reference model, the
     trainer at FSDP2 world size 1 (2 NPUs: rollout 1, trainer 1) and at world size 2 (4 NPUs: 2 rollout engines,
     trainer 2), on the same batch (greedy rollouts), seeded and in float32 (:data:`SEEDED_FLOAT32`).  Each
     step's losses and gradient norms are equal within ``DP_TOLERANCE`` / ``DP_ABSOLUTE``, and the weights after
@@ -361,7 +361,7 @@ TWO_NODES = [
 def test_compat_both_on_two_nodes_syncs_the_weights_from_one_node_to_the_other(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """Issue 25 item 7: two GRPO steps on a simulated cluster of 2 nodes x 2 NPUs, with the trainer's ranks on
+    """Two GRPO steps on a simulated cluster of 2 nodes x 2 NPUs, with the trainer's ranks on
     one node and the two rollout engines on the other, so that every weight sync crosses the nodes: each
     engine loads exactly what the trainer sent, and each process uses its own NPU of its node."""
     out = tmp_path / "nodes2"
@@ -440,7 +440,7 @@ SP_TOLERANCE = 1e-3
 def test_compat_sft_at_sequence_parallel_size_2_computes_the_loss_of_size_1(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """Issue 25 item 4: SFT with Ulysses sequence parallelism (``ulysses_sequence_parallel_size: 2``,
+    """SFT with Ulysses sequence parallelism (``ulysses_sequence_parallel_size: 2``,
     ``use_remove_padding: true``) on a 2-NPU trainer, against the same run at size 1 (data parallel 2).  Each
     step's loss is equal within ``SP_TOLERANCE``; the trainer's ranks ran their attention through
     ``npu_fusion_attention`` in its varlen layout (TND), and at size 2 only, their all-to-all over the simulated

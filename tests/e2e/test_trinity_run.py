@@ -1,9 +1,9 @@
-"""Issue 8: the real ``trinity run`` on a simulated Ascend Ray cluster, with and without npu-compat.
+"""The real ``trinity run`` on a simulated Ascend Ray cluster, with and without npu-compat.
 
 Each run starts one simulated Ascend cluster (``{"NPU": 2}``, no GPU), runs the bundled
 ``examples/e2e/trinity_tiny.yaml`` (a tiny random Qwen2 made at run time) with a bounded
 timeout, and reads the stages reached from the logs of every process (``tests/e2e/scenario.py``).
-What each stop means is in ``tests/e2e/FINDINGS.md``.  The config's keys are read alike by
+What each stop means is in ``docs/findings/shapes.md``.  The config's keys are read alike by
 trinity-rft 0.6.0 and 0.5.2, so the same scenario runs on all three stacks; what differs by
 release (the error stock stops with, which patches apply where, 0.5.2 logging less) is below.
 """
@@ -94,13 +94,13 @@ def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path, tiny_model: Path)
         assert result["first_error"] == "ZeroDivisionError: integer modulo by zero", result
 
 
-#: Since ``npu`` tensors compute (issue 15), the compat runs go to the end on trinity 0.6.0, on either trainer
-#: path (stacks a and b); trinity 0.5.2 (stack c) has its own test below (tests/e2e/FINDINGS.md, the matrix).
+#: Since the simulation's ``npu`` tensors compute, the compat runs go to the end on trinity 0.6.0, on either trainer
+#: path (stacks a and b); trinity 0.5.2 (stack c) has its own test below (docs/findings/shapes.md).
 ESTABLISHED = not REL_052
 SYNC_SETUP = "weight_sync_setup_started"
 needs_established = pytest.mark.skipif(
     not ESTABLISHED,
-    reason="trinity-rft 0.5.2 syncs through its own WorkerExtension: test_compat_052_... (tests/e2e/FINDINGS.md)",
+    reason="trinity-rft 0.5.2 syncs through its own WorkerExtension: test_compat_052_... (docs/findings/stacks.md)",
 )
 #: the patch that turns torch.compile off in the trainer's workers: verl 0.8's engine config, or the legacy
 #: dp_actor's
@@ -155,7 +155,7 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     for row in timeline:
         assert None not in (row["started"], row["activated"], row["updated"]), row
         assert row["started"] <= row["activated"] + 0.02 and row["activated"] <= row["updated"], row
-        # its import log (issue 26) places its imports' end, up to its role, in every Ray actor and vLLM process
+        # its import log places its imports' end, up to its role, in every Ray actor and vLLM process
         if row["role"] == "ray-actor" or row["role"].startswith("vllm ("):
             assert row["imported"] is not None and row["modules"] > 100, row
             assert row["started"] <= row["imported"] <= row["role_known"], row
@@ -257,7 +257,7 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
 
     0.5.2 sends the weights itself (``torch.distributed.broadcast`` in the worker, ``load_weights``
     per tensor in the extension), not through vllm-ascend's weight-transfer engine or ``NPUWorker``'s
-    update, where the simulation digests them: this run has no checksum (tests/e2e/FINDINGS.md)."""
+    update, where the simulation digests them: this run has no checksum (docs/findings/stacks.md)."""
     result = _run(tmp_path, tiny_model, "compat", "auto", 900)
     out = tmp_path / "compat-auto"
     assert result["rc"] == 0, result

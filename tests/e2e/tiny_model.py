@@ -1,6 +1,6 @@
 """A tiny Qwen2 model and tokenizer made locally at run time: random weights, nothing downloaded.
 
-Test harness for the end-to-end scenario (issue 8), never part of ``npu_compat``.
+Test harness for the end-to-end scenario, never part of ``npu_compat``.
 ``python -m tests.e2e.tiny_model DIR`` writes a Hugging Face model directory to ``DIR``.
 """
 

@@ -20,7 +20,7 @@ PATCH_PAGE = REPO / "docs" / "patches.md"
 
 
 def _pages() -> list[Path]:
-    return [README, *sorted((REPO / "docs").glob("*.md"))]
+    return [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "findings").glob("*.md"))]
 
 
 # -- the patch reference ------------------------------------------------------------------------------

@@ -302,7 +302,7 @@ def out_of_memory(name: str, capacity: str, cluster: str = "auto") -> Fault:
     )
 
 
-#: The faults of issue 27, each at its named point of the bundled run (items 1-5).
+#: The faults, each at its named point of the bundled run.
 FAULTS: dict[str, Fault] = {
     # vLLM notices at once (EngineDeadError in every request), but Trinity's explorer ends each explore
     # step left -- this one and the next of the run's two -- only at explorer.max_timeout; the launcher

@@ -1,4 +1,4 @@
-"""Issue 27: faults inside a whole simulated run, each with the bound it must end within and nothing left.
+"""Faults inside a whole simulated run, each with the bound it must end within and nothing left.
 
 Each test is one ``python -m npu_compat trinity run`` of the bundled config on a simulated NPU-only
 cluster, with one fault injected at a named point (``tests/faults/injection.py``).  It asserts what a
@@ -6,7 +6,7 @@ user would see: the driver ended within the configured bound plus a margin (Trin
 up, where it has them), with the exit status it gives (Trinity's 0 after a failed stage, launcher.py:416,
 is asserted as such), the first error within the bound where the end comes later, and no process of the
 run left behind -- checked by PID from the run's own records.  Each prints its
-row (``FAULT-ROW {...}``) for the table in ``tests/e2e/FINDINGS.md``.  Minutes each: ``beyond_ci``.
+row (``FAULT-ROW {...}``) for the table in ``docs/findings/faults.md``.  Minutes each: ``beyond_ci``.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ print(json.dumps({"ready": ready}))
 
 
 def test_guard_names_a_placement_group_the_cluster_can_never_hold(npu_ray_cluster: Any) -> None:
-    """#27: a config asking for more NPUs than the cluster has (Trinity's allocator awaits ready())."""
+    """A config asking for more NPUs than the cluster has (Trinity's allocator awaits ready())."""
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
     proc = run_py(
         DRIVER.replace("ADDRESS", repr(npu_ray_cluster.address))

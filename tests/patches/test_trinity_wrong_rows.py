@@ -1,6 +1,6 @@
 """The WRONG rows of both releases with the real upstream code on the simulated Ascend.
 
-trinity-rft 0.6.0's rows A2, A7, A3, A35 are 0.5.2's rows 2, 9, 3, 32: the same code, patched by the
+trinity-rft 0.6.0's rows A2, A7, A3, A35 are 0.5.2's rows B2, B9, B3, B32: the same code, patched by the
 same specs (their version range covers both releases), so one module drives whichever release is
 installed.  Nothing here crashes on stock Trinity: it does the CUDA thing silently.  Each child
 interpreter runs what a user's ``trinity run`` runs -- Trinity's own config validators on a real
@@ -126,7 +126,7 @@ def rollout(model_config):
     return {"before": saved, "after": seen, "field_after": model_config.cuda_visible_devices,
             "engine": ENGINE_STARTS[-1] if ENGINE_IN_INIT else seen}
 
-if "visible" in SCENARIOS:  # rows A2 + A7 (0.5.2: 2 + 9)
+if "visible" in SCENARIOS:  # rows A2 + A7 (0.5.2: B2 + B9)
     cfg = Config()
     cfg.mode = "colocate"
     cfg.model.model_path = MODEL
@@ -141,7 +141,7 @@ if "visible" in SCENARIOS:  # rows A2 + A7 (0.5.2: 2 + 9)
     cfg.explorer.rollout_model.cuda_visible_devices = "1"  # the field set by hand
     out["explicit"] = rollout(cfg.explorer.rollout_model)
 
-if "memory" in SCENARIOS:  # row A3 (0.5.2: 3)
+if "memory" in SCENARIOS:  # row A3 (0.5.2: B3)
     cfg = Config()
     cfg.mode = "both"
     cfg.model.model_path = cfg.model.critic_model_path = MODEL
@@ -161,7 +161,7 @@ if "memory" in SCENARIOS:  # row A3 (0.5.2: 3)
     npu = getattr(torch, "npu", None)
     out["npu_total_memory"] = npu.get_device_properties(0).total_memory if npu is not None else None
 
-if "lora" in SCENARIOS:  # row A35 (0.5.2: 32)
+if "lora" in SCENARIOS:  # row A35 (0.5.2: B32)
     cfg = Config()
     cfg.model.model_path = MODEL
     cfg.checkpoint_job_dir = os.path.join(WORKDIR, "job")
@@ -195,16 +195,16 @@ def _run(
     return last_json(proc), proc.stdout + proc.stderr  # Trinity logs to stdout
 
 
-# -- rows A2 + A7 (0.5.2: 2 + 9): the colocated rollout engine's visible devices ---------------------
+# -- rows A2 + A7 (0.5.2: B2 + B9): the colocated rollout engine's visible devices ---------------------
 
 
 def test_colocated_rollout_engine_gets_the_ascend_visible_devices() -> None:
     out, _ = _run("npu")
     assert out["device"] == "npu"
-    assert out["colocate_field"] == "0"  # Trinity's validator, unchanged (row A2 / 2)
+    assert out["colocate_field"] == "0"  # Trinity's validator, unchanged (rows A2, B2)
     colocate = out["colocate"]
     assert colocate["before"]["ASCEND_RT_VISIBLE_DEVICES"] != "0"  # the simulated host shows two NPUs
-    # 0.5.2's engine, built inside __init__, already starts with the Ascend variable (row 9)
+    # 0.5.2's engine, built inside __init__, already starts with the Ascend variable (row B9)
     assert colocate["engine"] == colocate["after"]
     assert colocate["after"] == {"ASCEND_RT_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": None}
     assert colocate["field_after"] == "0"  # the config is left as the validator made it
@@ -235,7 +235,7 @@ def test_stock_exports_cuda_visible_devices_that_ascend_ignores() -> None:
     )
 
 
-# -- row A3 (0.5.2: 3): the trainer memory check -----------------------------------------------------------------
+# -- row A3 (0.5.2: B3): the trainer memory check ----------------------------------------------------------------
 
 
 def test_memory_check_runs_against_the_npu() -> None:
@@ -274,7 +274,7 @@ def test_stock_memory_check_is_skipped_with_no_gpu_detected() -> None:
     assert out["memory"]["npu_properties_calls"] == 0
 
 
-# -- row A35 (0.5.2: 32): the dummy LoRA's cache --------------------------------------------------------------------
+# -- row A35 (0.5.2: B32): the dummy LoRA's cache -------------------------------------------------------------------
 
 
 def test_dummy_lora_empties_the_npu_cache() -> None:

@@ -1,11 +1,11 @@
 """trinity-rft 0.5.2's collective weight sync (``sync_method: nccl``) over HCCL, across two processes.
 
 The trainer process runs the real ``ActorRolloutRefWorker.setup_weight_sync_group`` and
-``sync_weight`` (``trinity.trainer.verl.fsdp_workers``, map rows 20/22, 23, 25) on a real FSDP module;
+``sync_weight`` (``trinity.trainer.verl.fsdp_workers``, rows B20, B22, B23, B25) on a real FSDP module;
 the rollout process runs the real ``Explorer.setup_weight_sync_group`` -> ``vLLMRolloutModel.
-init_process_group`` -> ``WorkerExtension.init_process_group`` (rows 12, 13, 15) and then
+init_process_group`` -> ``WorkerExtension.init_process_group`` (rows B12, B13, B15) and then
 ``Explorer._nccl_weights_update`` -> ``vLLMRolloutModel.sync_model`` -> ``WorkerExtension.update_weight``
-(row 14).  They meet as upstream has them meet: rank 0 (trainer) and rank 1 (the vLLM worker, rank 0 of
+(row B14).  They meet as upstream has them meet: rank 0 (trainer) and rank 1 (the vLLM worker, rank 0 of
 its engine plus ``rank_offset`` 1) form the group ``rollout_weight_sync`` at the address and port the
 trainer picked; the trainer's ``state_dict_meta`` (name, dtype, shape, in its FSDP walk order) reaches the
 worker with them; the trainer broadcasts each parameter from rank 0, the worker receives each into a
@@ -296,7 +296,7 @@ def test_trainer_broadcast_arrives_intact_in_the_vllm_worker(tmp_path: Path) -> 
     assert rollout["intact"], rollout
     assert rollout["npu_requests"] == ["npu:0"], rollout  # the worker receives into tensors on its NPU
     assert rollout["versions"] == [1, 1], rollout
-    # the torch.cuda calls of rows 20/22, 25 and 14 reached torch.npu
+    # the torch.cuda calls of rows B20, B22, B25 and B14 reached torch.npu
     # setup: one empty_cache per FSDP unit walked (2) and one leaving the offload context
     assert trainer["npu_calls"]["setup"] == {"synchronize": 0, "empty_cache": 3}, trainer
     assert trainer["npu_calls"]["sync"] == {"synchronize": 1, "empty_cache": 1}, trainer

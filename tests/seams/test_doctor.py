@@ -111,9 +111,9 @@ def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() ->
 def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_weight_sync(
     tmp_path: Path,
 ) -> None:
-    """Trinity's weight sync over HCCL passes no timeout, so HCCL_EXEC_TIMEOUT is its only bound (issue 27,
-    the weight-sync fault): unset, doctor says so on an NPU host, with the line and the fix; set, it is
-    quiet; on a CPU host it says nothing."""
+    """Trinity's weight sync over HCCL passes no timeout, so HCCL_EXEC_TIMEOUT is its only bound (the
+    weight-sync fault of tests/faults): unset, doctor says so on an NPU host, with the line and the fix;
+    set, it is quiet; on a CPU host it says nothing."""
     toolkit = tmp_path / "Ascend"
     toolkit.mkdir()
     npu = {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)}
@@ -447,7 +447,7 @@ def test_the_timeline_orders_a_runs_processes_by_start_and_draws_them(tmp_path: 
     rows = [x.split() for x in lines[at + 2 : at + 5]]
     assert [r[6] for r in rows] == ["21", "22", "23"]  # by start
     assert rows[0][1:9] == ["0.00", "+0.40", "-", "+2.00", "+30.00", "21", "-", "-"]
-    # 22's parent is row 1, and it started after the driver was ready (its role at 2.0)
+    # 22's parent is the timeline's first process, and it started after the driver was ready (its role at 2.0)
     assert rows[1][1:9] == ["5.00", "+0.20", "-", "-", "+1.00", "22", "#1", "#1"]
     # 23 started after 22 was ready (activated at 5.2, no role, no import log): the last ready before 9.5
     assert rows[2][1:9] == ["9.50", "+1.50", "+2.50", "+3.00", "+30.50", "23", "#1", "#2"]

@@ -1,4 +1,4 @@
-"""Every upstream module the map names imports on the installed stack (on torch's CPU build)."""
+"""Every upstream module docs/break-map.md names imports on the installed stack (on torch's CPU build)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ pytestmark = [
         (importlib.metadata.version("trinity-rft"), importlib.metadata.version("verl")[:3])
         != ("0.6.0", "0.8"),
         reason="CI runs a user's whole run on stack a; the other stacks' whole runs are beyond CI's time "
-        "(tests/e2e/FINDINGS.md, the matrix)",
+        "(docs/findings/shapes.md, the matrix)",
     ),
 ]
 

@@ -225,7 +225,7 @@ class NPUWorker(WorkerBase):
         else:
             self.cache_dtype = STR_DTYPE_TO_TORCH_DTYPE[self.cache_config.cache_dtype]
 
-        # Profiler is lazily initialized on first profile(is_start=True) call (RFC #6954)
+        # Profiler is lazily initialized on first profile(is_start=True) call (vllm-project/vllm-ascend#6954)
         self.profiler_config = vllm_config.profiler_config
         self.profiler = None
         if PAIRS_WITH_VLLM_0_23:
@@ -632,7 +632,7 @@ class NPUWorker(WorkerBase):
         self.model_runner.initialize_kv_cache(kv_cache_config)
 
     def profile(self, is_start: bool = True, profile_prefix: str | None = None):
-        # Check if profiling is enabled (RFC #6954 - align with upstream vLLM)
+        # Check if profiling is enabled (RFC vllm-project/vllm-ascend#6954 - align with upstream vLLM)
         if self.profiler_config is None or self.profiler_config.profiler is None:
             raise RuntimeError(
                 "Profiling is not enabled. Please set --profiler-config to enable "
