@@ -25,10 +25,10 @@ evidence, defined here once.  Even then that waits, when nothing could tell the 
 for the first import of a package some patch targets (or of ``npu_compat`` itself): a
 process that never imports one has nothing to patch, and one that does pays the start
 inside an import that takes seconds.  Everything is asked through public APIs
-(``os.environ``, ``os.listdir``, ``os.access``, ``importlib.machinery``, the last only
-when another ``sitecustomize`` may follow ours).  Nothing is ever imported from the
-current directory or a relative ``sys.path`` entry: the package is imported from this
-file's own location.
+(``os.environ``, ``os.listdir``, ``os.access``, and ``importlib.machinery``'s path finder,
+taken from the import system's frozen modules so that importing ``importlib`` is not
+paid).  Nothing is ever imported from the current directory or a relative ``sys.path``
+entry: the package is imported from this file's own location.
 """
 
 import os
@@ -102,7 +102,9 @@ def evidence(env: "Mapping[str, str]") -> "tuple[str, ...]":
         listing = os.listdir(DEV_DIR)
     except OSError:
         listing = []
-    nodes = sorted(name for name in listing if name.startswith("davinci"))
+    nodes = []
+    if "\0davinci" in "\0" + "\0".join(listing):  # one search of the listing (names hold no NUL)
+        nodes = sorted(n for n in listing if n.startswith("davinci"))
     if nodes:
         found.append(f"{DEV_DIR}/{nodes[0]}" + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""))
     visible = env.get(ASCEND_VISIBLE_DEVICES)
@@ -123,9 +125,7 @@ def torch_npu_findable() -> bool:
     if "torch_npu" in sys.modules:
         return True
     for entry in sys.path:
-        if isinstance(entry, str) and os.access(
-            os.path.join(entry or ".", "torch_npu", "__init__.py"), os.F_OK
-        ):
+        if isinstance(entry, str) and os.access(f"{entry or '.'}/torch_npu/__init__.py", os.F_OK):
             return True
     return False
 
@@ -294,23 +294,24 @@ def _import_autostart() -> "ModuleType":
 
 def _chain(path: str) -> None:
     _OURS.append(path)
+    # Most interpreters have no other sitecustomize: say so with a few access() calls on the entries
+    # after this file's directory before normalising sys.path and creating path finders.
+    here = os.path.dirname(path)
+    start = sys.path.index(here) + 1 if here in sys.path else 0
+    machinery, loading = _machinery()
+    later = [e for e in sys.path[start:] if isinstance(e, str) and os.path.isabs(e) and e != here]
+    if not _may_hold_sitecustomize(later, machinery):
+        return
     ours = [_norm(os.path.abspath(p)) for p in _OURS]
     mine = _norm(os.path.dirname(os.path.abspath(path)))
     entries = [(e, _norm(e)) for e in sys.path if isinstance(e, str) and os.path.isabs(e)]
     dirs = [n for _, n in entries]
     rest = entries[dirs.index(mine) + 1 :] if mine in dirs else entries
-    # Most interpreters have no other sitecustomize: say so from the directories' listings before
-    # importing importlib and creating path finders for the search below.
-    if not _may_hold_sitecustomize([e for e, n in rest if n != mine]):
-        return
-    import importlib.machinery
-    import importlib.util
-
     while True:
         rest = [(e, n) for e, n in rest if n != mine]
         if not rest:
             return
-        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
+        spec = machinery.PathFinder.find_spec("sitecustomize", [e for e, _ in rest])
         if spec is None or spec.loader is None or not spec.origin:
             return
         if _norm(spec.origin) not in ours:
@@ -318,7 +319,7 @@ def _chain(path: str) -> None:
         # a file of ours that already ran here (its directory is not where sys.path says): skip past it
         mine = _norm(os.path.dirname(spec.origin))
         rest = rest[[n for _, n in rest].index(mine) + 1 :] if mine in [n for _, n in rest] else []
-    module = importlib.util.module_from_spec(spec)
+    module = loading.module_from_spec(spec)
     sys.modules["sitecustomize"] = module  # what `import sitecustomize` answers from now on
     try:
         spec.loader.exec_module(module)
@@ -327,20 +328,31 @@ def _chain(path: str) -> None:
         raise
 
 
-def _may_hold_sitecustomize(entries: "list[str]") -> bool:
-    # False only when no entry holds anything named sitecustomize (a module of any suffix, or a
-    # package); an entry that is not a directory (a zip file, say) answers True, and then _chain
-    # searches properly.
+def _machinery() -> "tuple[Any, Any]":
+    # importlib.machinery's PathFinder and suffixes, and importlib.util's module_from_spec: the same
+    # objects, taken from the import system's own frozen modules, which are loaded in every CPython
+    # before site runs (importing the importlib package would cost ~0.6 ms, with warnings).
+    machinery = sys.modules.get("_frozen_importlib_external")
+    loading = sys.modules.get("_frozen_importlib")
+    if machinery is None or loading is None:  # not CPython
+        import importlib.machinery
+        import importlib.util
+
+        return importlib.machinery, importlib.util
+    return machinery, loading
+
+
+def _may_hold_sitecustomize(entries: "list[str]", machinery: "Any") -> bool:
+    # False only when no entry holds a file or package named sitecustomize that the path finders
+    # could load (one access() per suffix); an entry that is not a directory (a zip file, say)
+    # answers True, and then _chain searches properly.
+    suffixes = ("", *machinery.SOURCE_SUFFIXES, *machinery.BYTECODE_SUFFIXES, *machinery.EXTENSION_SUFFIXES)
     for entry in entries:
-        try:
-            names = os.listdir(entry)
-        except NotADirectoryError:
-            return True
-        except OSError:
-            continue  # missing or unreadable: the path finders skip it too
-        for name in names:
-            if name == "sitecustomize" or name.startswith("sitecustomize."):
+        for suffix in suffixes:
+            if os.access(f"{entry}{os.sep}sitecustomize{suffix}", os.F_OK):
                 return True
+        if os.path.isfile(entry):
+            return True
     return False
 
 

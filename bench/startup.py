@@ -24,9 +24,13 @@ measured in the same run -- the same start with an empty stand-in where npu-comp
   the same interpreter in a venv without it; ``pth-empty``, a venv whose one ``.pth`` imports an
   empty module, is the floor under any ``.pth`` activation
 
+With ``--before REF`` (a commit of this repository), every variant that runs npu-compat runs a
+second time as ``NAME@before``, from that commit's tree (``git archive``), interleaved in the same
+rounds and against the same floors: a change's cost, measured side by side.
+
 Goals, against the floor: noop, boot-noop, pth-noop <= 1.03x; npu-register, boot-npu,
 pth-npu <= 1.06x; launcher <= 2.5x of plain.  Run:
-``python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...]`` (``--help``); the
+``python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...] [--before REF]`` (``--help``); the
 interpreter is a bare venv of the one running the script (``BENCH_PYTHON`` names another).  For
 the Ray actor start-up, see ``bench/ray_actor.py``.
 """
@@ -45,7 +49,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER_SITE = REPO / "npu_compat" / "_launcher_site"
 ACTIVATE = "import npu_compat; npu_compat.activate()"
 #: An empty directory made for the run: ``-c`` puts the working directory first on sys.path, and the
 #: first import after start-up lists it -- in a crowded directory (the checkout, /tmp) that listing
@@ -76,11 +79,12 @@ GOALS = {
     "pth-npu": 1.06,
     "launcher": 2.5,
 }
-USAGE = """usage: python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...]
+USAGE = """usage: python bench/startup.py [ROUNDS] [--installed] [--only NAME,NAME...] [--before REF]
 
   ROUNDS       interleaved rounds (default 200)
   --installed  also the installed variants (pth-*; needs uv)
   --only       run only these variants (their floors are added): {names}
+  --before     also run each npu-compat variant from this commit's tree, as NAME@before
 """
 
 
@@ -109,15 +113,35 @@ def _bare_python(tmp: Path) -> str:
     return python
 
 
-def _package_only(tmp: Path) -> str:
-    """A directory holding only the package (the checkout's root also holds the top-level sitecustomize)."""
+def _package_only(tmp: Path, root: Path) -> str:
+    """A directory holding only the package and the start-up module beside it (the checkout's root
+    also holds the top-level sitecustomize)."""
     path = tmp / "pkg"
     path.mkdir()
-    (path / "npu_compat").symlink_to(REPO / "npu_compat")
+    (path / "npu_compat").symlink_to(root / "npu_compat")
+    (path / "_npu_compat_precheck.py").symlink_to(root / "_npu_compat_precheck.py")
+    compileall.compile_file(str(path / "_npu_compat_precheck.py"), quiet=1)  # its bytecode, as installed
     return str(path)
 
 
-def _installed_venvs(tmp: Path) -> tuple[str, str, str] | None:
+def _tree_of(ref: str, tmp: Path) -> Path:
+    """This repository's files at commit ``ref``, unpacked under ``tmp``, compiled as the checkout is."""
+    root = tmp / "before-tree"
+    root.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    _compile(root)
+    return root
+
+
+def _compile(root: Path) -> None:
+    # Installed packages carry compiled bytecode; a checkout may not (PYTHONDONTWRITEBYTECODE).
+    compileall.compile_dir(str(root / "npu_compat"), quiet=1)
+    compileall.compile_file(str(root / "_npu_compat_precheck.py"), quiet=1)
+    compileall.compile_file(str(root / "npu_compat" / "_launcher_site" / "sitecustomize.py"), quiet=1)
+
+
+def _installed_venvs(tmp: Path, root: Path = REPO) -> tuple[str, str, str] | None:
     """Three venvs of PY: bare; with a ``.pth`` that imports an empty module (the floor of any
     ``.pth`` activation); with npu-compat installed."""
     uv = shutil.which("uv")
@@ -126,18 +150,18 @@ def _installed_venvs(tmp: Path) -> tuple[str, str, str] | None:
         return None
     pythons = []
     for name in ("plain", "pth-empty", "installed"):
-        root = tmp / name
-        subprocess.run([uv, "venv", "-q", "-p", PY, str(root)], check=True)
-        python = root / "bin" / "python"
+        venv = tmp / name
+        subprocess.run([uv, "venv", "-q", "-p", PY, str(venv)], check=True)
+        python = venv / "bin" / "python"
         if name == "installed":
             subprocess.run(
-                [uv, "pip", "install", "-q", "--offline", "--python", str(python), str(REPO)], check=True
+                [uv, "pip", "install", "-q", "--offline", "--python", str(python), str(root)], check=True
             )
         if name == "pth-empty":
-            (site,) = (root / "lib").glob("python*/site-packages")
+            (site,) = (venv / "lib").glob("python*/site-packages")
             (site / "empty_module.py").write_text("")
             (site / "empty_module.pth").write_text("import empty_module\n")
-        subprocess.run([str(python), "-m", "compileall", "-q", str(root / "lib")], check=True)
+        subprocess.run([str(python), "-m", "compileall", "-q", str(venv / "lib")], check=True)
         pythons.append(str(python))
     return pythons[0], pythons[1], pythons[2]
 
@@ -159,23 +183,39 @@ def _empty_package(tmp: Path) -> str:
 
 
 def variants(tmp: Path, installed: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
-    pkg = _package_only(tmp)
     out = {
         "plain": ([PY, "-c", "pass"], _env([])),
         "empty-package": ([PY, "-c", "import empty_package"], _env([_empty_package(tmp)])),
-        "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
-        "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
         "boot-empty": ([PY, "-c", "pass"], _env([_empty_sitecustomize(tmp)])),
-        "boot-noop": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)])),
-        "boot-npu": ([PY, "-c", "pass"], _env([str(LAUNCHER_SITE)], NPU_COMPAT_DEVICE="npu")),
-        "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
     }
+    out.update(_ours(tmp, REPO))
     if installed:
         venvs = _installed_venvs(tmp)
         if venvs is not None:
             plain, empty_pth, with_pth = venvs
             out["pth-plain"] = ([plain, "-c", "pass"], _env([]))
             out["pth-empty"] = ([empty_pth, "-c", "pass"], _env([]))
+            out["pth-noop"] = ([with_pth, "-c", "pass"], _env([]))
+            out["pth-npu"] = ([with_pth, "-c", "pass"], _env([], NPU_COMPAT_DEVICE="npu"))
+    return out
+
+
+def _ours(tmp: Path, root: Path, installed: bool = False) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The variants that run npu-compat from the tree at ``root``."""
+    tmp.mkdir(exist_ok=True)
+    pkg = _package_only(tmp, root)
+    site = str(root / "npu_compat" / "_launcher_site")
+    out = {
+        "noop": ([PY, "-c", ACTIVATE], _env([pkg])),
+        "npu-register": ([PY, "-c", ACTIVATE], _env([pkg], NPU_COMPAT_DEVICE="npu")),
+        "boot-noop": ([PY, "-c", "pass"], _env([site])),
+        "boot-npu": ([PY, "-c", "pass"], _env([site], NPU_COMPAT_DEVICE="npu")),
+        "launcher": ([PY, "-m", "npu_compat", PY, "-c", "pass"], _env([pkg])),
+    }
+    if installed:
+        venvs = _installed_venvs(tmp, root)
+        if venvs is not None:
+            with_pth = venvs[2]
             out["pth-noop"] = ([with_pth, "-c", "pass"], _env([]))
             out["pth-npu"] = ([with_pth, "-c", "pass"], _env([], NPU_COMPAT_DEVICE="npu"))
     return out
@@ -188,10 +228,7 @@ def _time_once(argv: list[str], env: dict[str, str]) -> float:
 
 
 def measure(rounds: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, list[float]]:
-    # Installed packages carry compiled bytecode; a checkout may not (PYTHONDONTWRITEBYTECODE).
-    compileall.compile_dir(str(REPO / "npu_compat"), quiet=1)
-    compileall.compile_file(str(REPO / "_npu_compat_precheck.py"), quiet=1)
-    compileall.compile_file(str(LAUNCHER_SITE / "sitecustomize.py"), quiet=1)
+    _compile(REPO)
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for argv, env in runs.values():  # warm the page cache
         _time_once(argv, env)
@@ -225,7 +262,13 @@ def main() -> None:
     if "-h" in argv or "--help" in argv:
         print(USAGE.format(names=", ".join(FLOORS)), end="")
         return
-    only = None
+    only = before = None
+    if "--before" in argv:
+        at = argv.index("--before")
+        if at + 1 >= len(argv):
+            sys.exit("--before needs a commit of this repository")
+        before = argv[at + 1]
+        del argv[at : at + 2]
     if "--only" in argv:
         at = argv.index("--only")
         if at + 1 >= len(argv):
@@ -242,18 +285,21 @@ def main() -> None:
         os.mkdir(CWD)
         PY = PY or _bare_python(Path(tmp))
         runs = variants(Path(tmp), installed)
+        if before is not None:
+            old = _ours(Path(tmp) / "before", _tree_of(before, Path(tmp)), installed)
+            runs.update({f"{name}@before": run for name, run in old.items()})
         if chosen is not None:
-            runs = {name: run for name, run in runs.items() if name in chosen}
+            runs = {name: run for name, run in runs.items() if name.partition("@")[0] in chosen}
         samples = measure(rounds, runs)
     print(f"interpreter start-up, {rounds} interleaved rounds, median wall time per start ({PY})")
     for name, values in samples.items():
-        floor = FLOORS.get(name)
+        floor = FLOORS.get(name.partition("@")[0])
         med = statistics.median(values)
         if floor is None or floor not in samples:
             print(f"  {name:13s} {med * 1e3:7.2f} ms")
             continue
         base = statistics.median(samples[floor])
-        goal = GOALS.get(name)
+        goal = GOALS.get(name.partition("@")[0])
         verdict = "" if goal is None else f"  goal <= {goal:.2f}x {'met' if med / base <= goal else 'MISSED'}"
         print(
             f"  {name:13s} {med * 1e3:7.2f} ms   ratio {med / base:5.3f} vs {floor:13s}"

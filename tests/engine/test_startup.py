@@ -247,7 +247,11 @@ def test_the_pre_check_finds_davinci_nodes_by_prefix(
 
 
 def test_the_next_sitecustomize_is_looked_for_without_missing_one(boot: object, tmp_path: Path) -> None:
-    may_hold = boot._may_hold_sitecustomize  # type: ignore[attr-defined]
+    machinery = boot._machinery()[0]  # type: ignore[attr-defined]
+
+    def may_hold(entries: list[str]) -> bool:
+        return bool(boot._may_hold_sitecustomize(entries, machinery))  # type: ignore[attr-defined]
+
     empty, module, package, late = (tmp_path / n for n in ("empty", "module", "package", "late"))
     for directory in (empty, module, package, late):
         directory.mkdir()
@@ -260,7 +264,8 @@ def test_the_next_sitecustomize_is_looked_for_without_missing_one(boot: object, 
     assert may_hold([str(empty), str(module)])
     assert may_hold([str(package)])
     assert may_hold([str(archive)])  # not a directory: searched properly
-    (late / "sitecustomize.cpython-311-x86_64-linux-gnu.so").touch()  # any suffix counts
+    assert not may_hold([str(late)])
+    (late / f"sitecustomize{machinery.EXTENSION_SUFFIXES[0]}").touch()  # an extension module counts too
     assert may_hold([str(late)])
 
 
