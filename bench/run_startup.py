@@ -2,7 +2,7 @@
 
 Each round is one whole ``python -m npu_compat trinity run`` of the bundled config
 (``examples/e2e/trinity_tiny.yaml``, through ``tests/e2e/scenario.py``, as the demo runs it), then
-its floor, replayed right after it on the same machine (:mod:`npu_compat._floor`): every process
+its floor, replayed right after it on the same machine (:mod:`npu_compat.tools.floor`): every process
 the run started, each only importing what it had imported by the end of the start-up, in the
 run's order and overlap.
 
@@ -37,8 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from npu_compat import _floor, _timeline  # noqa: E402
-from npu_compat._doctor import read_reports  # noqa: E402
+from npu_compat.doctor.reports import read_reports  # noqa: E402
+from npu_compat.tools import floor as _floor  # noqa: E402
+from npu_compat.tools import timeline as _timeline  # noqa: E402
 from tests.e2e import scenario  # noqa: E402
 
 #: Where the start-up ends: the stage whose first log line closes it.

@@ -10,7 +10,7 @@ this interpreter and prints the device decision, its evidence and every patch wi
 its status and reason.  ``doctor`` checks this environment without importing any
 patch target.  ``check`` reads a release (a wheel, an sdist, a source tree, or the
 installed distributions) without installing it, and says which patches it keeps, moves
-or breaks (:mod:`._check`).  Anything else is a command for the launcher (:mod:`._launcher`); a
+or breaks (:mod:`.doctor.check`).  Anything else is a command for the launcher (:mod:`._launcher`); a
 command named ``report``, ``doctor`` or ``check`` goes after ``--``.
 """
 
@@ -66,13 +66,13 @@ def main(argv: "list[str] | None" = None) -> int:
     if args and args[0] == "report":
         return report_main(args[1:])
     if args and args[0] == "doctor":
-        from . import _doctor
+        from .doctor import cli
 
-        return _doctor.main(args[1:])
+        return cli.main(args[1:])
     if args and args[0] == "check":
-        from . import _check
+        from .doctor import check
 
-        return _check.main(args[1:])
+        return check.main(args[1:])
     from . import _launcher
 
     return _launcher.main(args)

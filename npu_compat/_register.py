@@ -45,19 +45,31 @@ def packages_of(specs: "Sequence[PatchSpec]") -> "frozenset[str]":
     return frozenset(names)
 
 
-def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
-    raw = os.environ.get(_env.DISABLE, "")
-    wanted = {part.strip() for part in raw.split(",") if part.strip()}
+#: The reason of a record that ``NPU_COMPAT_DISABLE`` names.
+DISABLED = f"disabled by {_env.DISABLE}"
+
+
+def disabled_ids(specs: "Sequence[PatchSpec]", value: str) -> "tuple[set[str], list[str]]":
+    """What ``value``, a setting of ``NPU_COMPAT_DISABLE``, disables of ``specs``: the ids it names
+    (``*``: every one), and the names it gives that are no id of theirs, sorted (none with ``*``).
+
+    Reads no variable and warns of nothing: the plan ``doctor`` shows is the one registering makes."""
+    wanted = {part.strip() for part in value.split(",") if part.strip()}
     known = {spec.id for spec in specs}
     if "*" in wanted:
-        return known
-    unknown = sorted(wanted - known)
+        return known, []
+    return wanted & known, sorted(wanted - known)
+
+
+def _disabled_ids(specs: "Sequence[PatchSpec]") -> "set[str]":
+    disabled, unknown = disabled_ids(specs, os.environ.get(_env.DISABLE, ""))
     if unknown:
+        known = {spec.id for spec in specs}
         warn(
             f"npu_compat: {_env.DISABLE} names unknown patch ids {', '.join(unknown)}; "
             f"known ids: {', '.join(sorted(known)) or '(none)'}"
         )
-    return wanted & known
+    return disabled
 
 
 def register(state: "State", specs: "Sequence[PatchSpec]", disabled: "set[str] | None" = None) -> None:
@@ -71,7 +83,7 @@ def register(state: "State", specs: "Sequence[PatchSpec]", disabled: "set[str] |
         rec = Record(spec)
         state.records[spec.id] = rec
         if spec.id in disabled:
-            rec.status, rec.reason = "skipped", f"disabled by {_env.DISABLE}"
+            rec.status, rec.reason = "skipped", DISABLED
             continue
         state.by_module.setdefault(spec.module, []).append(rec)
         for copy_module, _ in spec.copy_places():

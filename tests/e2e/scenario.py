@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npu_compat import _timeline
-from npu_compat._doctor import read_reports
+from npu_compat.doctor.reports import read_reports
 from npu_compat.testing._ray import RayCluster, npu_ray_cluster
+from npu_compat.tools import timeline
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "e2e" / "trinity_tiny.yaml"
@@ -527,7 +527,7 @@ def run(
     reports = workdir / "reports"
     summary["timeline"] = [
         asdict(row)
-        for row in (_timeline.rows(read_reports(str(reports)), str(reports)) if reports.is_dir() else [])
+        for row in (timeline.rows(read_reports(str(reports)), str(reports)) if reports.is_dir() else [])
     ]
     return summary
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from npu_compat._doctor import read_reports
+from npu_compat.doctor.reports import read_reports
 from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 

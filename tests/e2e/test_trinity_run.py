@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from npu_compat import _timeline
+from npu_compat.tools.timeline import Row, render_text
 from tests.conftest import trinity_or_skip
 from tests.e2e import scenario
 
@@ -150,7 +150,7 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     # the timeline (doctor --timeline): every process's report places it -- started, then npu-compat
     # active, then its last change -- the driver, Ray's processes, the actors and vLLM's among them
     timeline = result["timeline"]
-    print("\n".join(_timeline.render_text([_timeline.Row(**row) for row in timeline])))
+    print("\n".join(render_text([Row(**row) for row in timeline])))
     assert {"ray-driver", "ray-actor"} <= {row["role"] for row in timeline}, timeline
     for row in timeline:
         assert None not in (row["started"], row["activated"], row["updated"]), row

@@ -11,8 +11,9 @@ import difflib
 import re
 from pathlib import Path
 
-from npu_compat import _catalogdoc, _env
+from npu_compat import _env
 from npu_compat._catalog import SPECS
+from npu_compat.tools import catalogdoc
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -28,7 +29,7 @@ def _pages() -> list[Path]:
 
 def test_the_patch_reference_is_generated_from_the_current_catalogue() -> None:
     page = PATCH_PAGE.read_text(encoding="utf-8") if PATCH_PAGE.exists() else ""
-    expected = _catalogdoc.render()
+    expected = catalogdoc.render()
     if page != expected:
         diff = "".join(
             list(
@@ -42,18 +43,18 @@ def test_the_patch_reference_is_generated_from_the_current_catalogue() -> None:
         )
         raise AssertionError(
             "docs/patches.md is stale: the catalogue (npu_compat/_catalog.py) or its renderer changed. "
-            f"Regenerate it from the repository root with:\n\n    {_catalogdoc.COMMAND}\n\n{diff}"
+            f"Regenerate it from the repository root with:\n\n    {catalogdoc.COMMAND}\n\n{diff}"
         )
 
 
 def test_the_regeneration_command_is_the_one_the_page_and_the_readme_name() -> None:
-    assert _catalogdoc.COMMAND == "python -m npu_compat._catalogdoc > docs/patches.md"
-    assert _catalogdoc.COMMAND in _catalogdoc.render()
-    assert _catalogdoc.COMMAND in README.read_text(encoding="utf-8")
+    assert catalogdoc.COMMAND == "python -m npu_compat.tools.catalogdoc > docs/patches.md"
+    assert catalogdoc.COMMAND in catalogdoc.render()
+    assert catalogdoc.COMMAND in README.read_text(encoding="utf-8")
 
 
 def test_every_patch_has_its_section_with_target_versions_and_reasons() -> None:
-    page = _catalogdoc.render()
+    page = catalogdoc.render()
     sections = re.split(r"(?m)^### ", page)[1:]
     by_id = {section.split("\n", 1)[0].strip("`"): section for section in sections}
     assert len(sections) == len(SPECS)
@@ -70,7 +71,7 @@ def test_a_table_cell_cannot_be_split_by_a_bar_in_the_catalogue() -> None:
     from npu_compat._spec import PatchSpec
 
     spec = PatchSpec("x.y", "m:a|b", distribution="d", versions=">=1", why="w", wrapper="p:f")
-    row = next(line for line in _catalogdoc.render((spec,), frozenset()).splitlines() if "m:a" in line)
+    row = next(line for line in catalogdoc.render((spec,), frozenset()).splitlines() if "m:a" in line)
     assert "`m:a\\|b`" in row
     assert row.count(" | ") == 2
 

@@ -373,8 +373,8 @@ def test_spawn_and_subprocess_children_are_reached(
 def test_the_doctor_can_see_how_this_interpreter_was_reached() -> None:
     out = last_json(
         py(
-            "import json, sys\nfrom npu_compat import _doctor\n"
-            "d = _doctor.diagnose()\nprint(json.dumps(d.sections['activation']))",
+            "import json, sys\nfrom npu_compat.doctor import diagnose\n"
+            "d = diagnose()\nprint(json.dumps(d.sections['activation']))",
             child_env(pythonpath=[str(BOOTSTRAP), str(REPO)]),
         )
     )

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import _check, _source
 from npu_compat._spec import PatchSpec
+from npu_compat.doctor import check, source
 
 from .conftest import child_env, run
 
@@ -91,7 +91,7 @@ def make(
 
 
 def verdicts(path: Path) -> dict[str, tuple[str, str]]:
-    checked = _check.check_artifact(_source.open_artifact(path), SPECS, pins={})
+    checked = check.check_artifact(source.open_artifact(path), SPECS, pins={})
     return {row.patch: (row.verdict, row.detail) for row in checked.rows}
 
 
@@ -167,15 +167,15 @@ def test_a_method_gone_and_a_module_gone_are_broken(kind: str, tmp_path: Path) -
 
 
 def test_the_requirements_no_stack_satisfies_are_named(tmp_path: Path) -> None:
-    pins = _check.stack_pins()
+    pins = check.stack_pins()
     assert pins["trinity-rft"] == {
         "a-trinity-0.6.0_verl-0.8.0": "0.6.0",
         "b-trinity-0.6.0_verl-0.7.1": "0.6.0",
         "c-trinity-0.5.2_verl-0.7.1": "0.5.2",
     }
     requires = ("transformers>=5.25", "packaging", "brand-new-thing", 'gone; extra == "x"', "wrapt>=2")
-    artifact = _source.open_artifact(make("wheel", tmp_path, GOOD, requires=requires))
-    assert _check.check_artifact(artifact, SPECS).unpinned == [
+    artifact = source.open_artifact(make("wheel", tmp_path, GOOD, requires=requires))
+    assert check.check_artifact(artifact, SPECS).unpinned == [
         "transformers>=5.25 (the stacks pin 5.22.2 (a, b), 4.57.6 (c))",
         "brand-new-thing (no stack pins brand-new-thing)",
     ]
@@ -264,8 +264,8 @@ def _installed_or_skip(dist: str) -> importlib.metadata.Distribution:
 @pytest.mark.uses_verl  # the verdict on verl's patch turns on the stack's verl (stack-b differs in it alone)
 def test_the_installed_stack_is_ok_everywhere_in_range() -> None:
     _installed_or_skip("trinity-rft")
-    verl = _source.installed("verl")
-    if verl is not None and _check.broken_contracts(
+    verl = source.installed("verl")
+    if verl is not None and check.broken_contracts(
         verl, {"trinity-rft": importlib.metadata.version("trinity-rft")}
     ):
         pytest.skip(

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import PatchSpec, _doctor, _env, _upstream
+from npu_compat import PatchSpec, _env
+from npu_compat.doctor import checks, plan, upstream
+from npu_compat.doctor.findings import Diagnosis
 
 from .conftest import child_env, last_json, py, run
 
@@ -23,7 +25,7 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
     assert "SGLang, Megatron and `trinity perf`" in proc.stdout
     out = last_json(
         py(
-            "import json, sys\nfrom npu_compat import _doctor\n_doctor.diagnose()\n"
+            "import json, sys\nfrom npu_compat.doctor import diagnose\ndiagnose()\n"
             "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))",
             child_env({"NPU_COMPAT_DEVICE": "npu"}),
         )
@@ -86,8 +88,8 @@ def test_a_healthy_simulated_ascend_host_passes(tmp_path: Path) -> None:
 def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() -> None:
     env = {"NPU_COMPAT_SIMULATE": "1", "NPU_COMPAT_SIMULATE_DEVICES": "4"}
     gib = 1 << 30
-    near = _doctor.Diagnosis()
-    _doctor.check_simulated_memory(near, env, memory=(24 * gib, 1 * gib))
+    near = Diagnosis()
+    checks.check_simulated_memory(near, env, memory=(24 * gib, 1 * gib))
     [warning] = [f.message for f in near.findings if f.level == "warning"]
     assert "1.0 GiB of 24.0 GiB left" in warning and "4 NPUs of 64 GiB" in warning
     assert "KV-cache block" in warning and "NPU_COMPAT_SIMULATE_NPU_MEMORY" in warning
@@ -97,15 +99,15 @@ def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() ->
         "host_total": 24 * gib,
         "host_available": 1 * gib,
     }
-    roomy = _doctor.Diagnosis()
-    _doctor.check_simulated_memory(
+    roomy = Diagnosis()
+    checks.check_simulated_memory(
         roomy, {**env, "NPU_COMPAT_SIMULATE_NPU_MEMORY": "4GiB"}, (24 * gib, 20 * gib)
     )
     assert roomy.findings == [] and roomy.sections["simulation"]["npu_memory"] == 4 * gib  # type: ignore[index]
-    real = _doctor.Diagnosis()
-    _doctor.check_simulated_memory(real, {})  # not simulated: nothing to say
+    real = Diagnosis()
+    checks.check_simulated_memory(real, {})  # not simulated: nothing to say
     assert real.findings == [] and "simulation" not in real.sections
-    assert _doctor.host_memory("/nonexistent/meminfo") is None
+    assert checks.host_memory("/nonexistent/meminfo") is None
 
 
 def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_weight_sync(
@@ -122,7 +124,8 @@ def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_w
     assert len(notes) == 1 and unset["ok"], unset["findings"]
     assert "waits HCCL's default 1836 s" in notes[0]
     assert (
-        "trinity/trainer/verl/workers.py:302" in notes[0] and "export HCCL_EXEC_TIMEOUT=<seconds>" in notes[0]
+        "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.setup_weight_sync_group" in notes[0]
+        and "export HCCL_EXEC_TIMEOUT=<seconds>" in notes[0]
     )
     bounded = json.loads(
         run([*DOCTOR, "--json"], child_env(npu | {"HCCL_EXEC_TIMEOUT": "600"}), check=False).stdout
@@ -182,14 +185,14 @@ def test_reports_become_a_process_by_patch_table(tmp_path: Path) -> None:
 
 
 def test_visible_devices_rules() -> None:
-    assert _doctor.visible_devices_problem("0,1,2,3") is None
-    assert _doctor.visible_devices_problem("4, 5") is None
-    assert _doctor.visible_devices_problem("") is not None
-    assert _doctor.visible_devices_problem("3,1") is not None
+    assert checks.visible_devices_problem("0,1,2,3") is None
+    assert checks.visible_devices_problem("4, 5") is None
+    assert checks.visible_devices_problem("") is not None
+    assert checks.visible_devices_problem("3,1") is not None
     davinci = ([0, 1, 2, 3, 6], "/dev/davinci*")
-    assert _doctor.visible_devices_problem("0,3,6", davinci) is None
+    assert checks.visible_devices_problem("0,3,6", davinci) is None
     assert "names NPU 4, which this host does not have (it has 0-3, 6: /dev/davinci*)" in str(
-        _doctor.visible_devices_problem("0,4", davinci)
+        checks.visible_devices_problem("0,4", davinci)
     )
 
 
@@ -200,15 +203,15 @@ def test_an_unknown_option_exits_2() -> None:
 def test_a_distribution_outside_every_range_is_a_warning_not_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_doctor, "_installed", lambda dist: "9.0")
+    monkeypatch.setattr(plan, "installed_version", lambda dist: "9.0")
     spec = PatchSpec("x.f", "xpkg.mod:f", distribution="xpkg", versions=">=1,<2", why="t", wrapper="a:b")
-    d = _doctor.Diagnosis()
-    rows = _doctor.check_targets(d, (spec,), _env.Decision("npu", "test"))
+    d = Diagnosis()
+    rows = plan.check_targets(d, (spec,), _env.Decision("npu", "test"))
     assert rows == {"xpkg": "9.0"} and d.sections["targets"][0]["verdict"] == "not covered"  # type: ignore[index]
     assert [f.level for f in d.findings] == ["warning"]
     assert "xpkg 9.0 is outside every range" in d.findings[0].message
-    d = _doctor.Diagnosis()
-    _doctor.check_targets(d, (spec,), _env.Decision("cpu", "test"))
+    d = Diagnosis()
+    plan.check_targets(d, (spec,), _env.Decision("cpu", "test"))
     assert [f.level for f in d.findings] == ["note"]
 
 
@@ -331,10 +334,10 @@ def test_a_version_outside_a_patchs_range_is_reported_only_where_it_holds_what_t
         _x("x.cls", "xpkg.mod:Worker.run"),
         _x("x.gone", "xpkg.old:f"),
     )
-    d = _doctor.Diagnosis()
+    d = Diagnosis()
     decision = _env.Decision("npu", "test")
-    installed = _doctor.check_targets(d, specs, decision, served=())
-    _doctor.check_plans(d, specs, installed, decision, {})
+    installed = plan.check_targets(d, specs, decision, served=())
+    plan.check_plans(d, specs, installed, decision, {})
     assert installed == {"xpkg": "9.0"} and d.ok
     found = {f.message.split(" for ")[1].split(" ")[0] for f in d.findings if f.level == "warning"}
     assert found == warned, d.findings
@@ -371,10 +374,10 @@ def test_a_distribution_outside_every_range_is_served_elsewhere_only_where_this_
     fix = PatchSpec("y.fix", "ypkg.m:g", distribution="ypkg", versions=fix_versions, why="t", wrapper="a:b")
     specs = (_x("x.old", "xpkg.old:f"), fix)
     served = (
-        _upstream.ServedElsewhere("xpkg", ">=9,<10", gone, ("y.fix",), "xpkg 9 has no old; y.fix serves it"),
+        upstream.ServedElsewhere("xpkg", ">=9,<10", gone, ("y.fix",), "xpkg 9 has no old; y.fix serves it"),
     )
-    d = _doctor.Diagnosis()
-    _doctor.check_targets(d, specs, _env.Decision("npu", "test"), served=served)
+    d = Diagnosis()
+    plan.check_targets(d, specs, _env.Decision("npu", "test"), served=served)
     row = next(r for r in d.sections["targets"] if r["distribution"] == "xpkg")  # type: ignore[attr-defined]
     if problem is None:
         assert d.findings == []
@@ -394,9 +397,9 @@ def test_with_nothing_declared_a_distribution_whose_patch_targets_are_all_gone_s
 ) -> None:
     _dist(tmp_path, "xpkg", "9.0", {"xpkg/__init__.py": "", "xpkg/mod.py": "def run():\n    pass\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
-    d = _doctor.Diagnosis()
+    d = Diagnosis()
     specs = (_x("x.old", "xpkg.old:f"), _x("x.cls", "xpkg.mod:Worker.run"))
-    _doctor.check_targets(d, specs, _env.Decision("cpu", "test"), served=())
+    plan.check_targets(d, specs, _env.Decision("cpu", "test"), served=())
     assert [f.level for f in d.findings] == ["note"]
     assert (
         "nothing any of them changes is in it (its xpkg.mod has no Worker; xpkg 9.0 does not ship xpkg.old)"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from npu_compat import _check
 from npu_compat._versions import installed_version
+from npu_compat.doctor import check
 
 from .conftest import child_env, pth_installed, run
 
@@ -28,7 +28,7 @@ TARGETS = ("trinity-rft", "verl", "vllm", "ray", "torch")
 
 def _this_stack() -> str | None:
     """The pin list in ``npu_compat/stacks/`` whose pins of the target distributions are what is installed here."""
-    pins = _check.stack_pins()
+    pins = check.stack_pins()
     stacks = sorted({stack for versions in pins.values() for stack in versions})
     for stack in stacks:
         if all(pins.get(d, {}).get(stack) == installed_version(d) for d in TARGETS):

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from npu_compat import _doctor, _floor, _timeline
+from npu_compat.doctor.reports import read_reports
+from npu_compat.tools import floor, timeline
 
 from .conftest import child_env, last_json, py, run
 
@@ -48,11 +49,11 @@ def test_the_floor_replays_each_processs_imports_in_the_runs_order(tmp_path: Pat
     env = child_env({"NPU_COMPAT_DEVICE": "npu", "NPU_COMPAT_REPORT_DIR": str(reports)}, auto=False)
     pids = last_json(py(DRIVER, env))
     until = time.time()
-    found = _doctor.read_reports(str(reports))
-    table = _timeline.rows(found, str(reports))
-    begin = _floor.run_begin(table)
+    found = read_reports(str(reports))
+    table = timeline.rows(found, str(reports))
+    begin = floor.run_begin(table)
     assert begin is not None
-    steps = _floor.plan(table, str(reports), begin, until)
+    steps = floor.plan(table, str(reports), begin, until)
     assert [s.row.pid for s in steps] == [pids["pid"], pids["actor"]]  # type: ignore[index]
     driver, actor = steps
     for step, first, then in ((driver, "email.mime.text", "wave"), (actor, "xml.dom.minidom", "tabnanny")):
@@ -67,15 +68,15 @@ def test_the_floor_replays_each_processs_imports_in_the_runs_order(tmp_path: Pat
     waits_for = actor.after[0]
     assert "email.mime.text" in driver.modules[:waits_for] and "wave" in driver.modules[waits_for:]
     assert driver.marks == {waits_for}
-    floor = _floor.replay(steps)
+    length = floor.replay(steps)
     assert driver.failed == 0 and actor.failed == 0
     assert driver.started is not None and actor.started is not None and driver.ended is not None
     assert driver.reached[waits_for] <= actor.started < driver.ended  # they overlap, as in the run
-    assert floor == max(s.ended or 0.0 for s in steps) > 0
-    assert _floor.floor_path(steps) == [(0, waits_for), (1, len(actor.modules))]
-    lines = _floor.render(steps, begin, until, floor)
+    assert length == max(s.ended or 0.0 for s in steps) > 0
+    assert floor.floor_path(steps) == [(0, waits_for), (1, len(actor.modules))]
+    lines = floor.render(steps, begin, until, length)
     assert lines[0].startswith(f"start-up {until - begin:.1f} s")
-    assert f"ratio {(until - begin) / floor:.2f}x" in lines[0]
+    assert f"ratio {(until - begin) / length:.2f}x" in lines[0]
     assert "ray-driver (" in lines[3] and "ray-actor (" in lines[4], lines
     # the actor's wait: from the driver's last import before it started to its start (the driver slept)
     waited = float(lines[4].split()[0])

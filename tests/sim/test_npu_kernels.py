@@ -543,9 +543,9 @@ def test_a_processs_report_holds_its_kernel_calls_even_when_it_is_killed(tmp_pat
     }, report["simulated"]
     assert report["simulated"]["hccl"] == {}
     # its import log, written while it ran: what it imported, in order, each module once, with sys.path
-    from npu_compat import _timeline
+    from npu_compat.tools import timeline
 
-    log = _timeline.read_imports(str(tmp_path), os.uname().nodename, pid)
+    log = timeline.read_imports(str(tmp_path), os.uname().nodename, pid)
     names = [name for line in log for name in line["new"]]  # type: ignore[attr-defined]
     assert {"torch", "torch_npu"} <= set(names) and len(names) == len(set(names)), names[-20:]
     assert names.index("torch") < names.index("torch_npu")

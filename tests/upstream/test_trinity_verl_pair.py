@@ -1,6 +1,6 @@
 """Whether trinity-rft's verl config is one the installed verl accepts, on the CPU with npu-compat off:
 a pair that fails here fails on every device, and is npu-compat's to name (``check``, ``doctor``:
-``npu_compat._upstream.CONTRACTS``), not to patch.
+``npu_compat.doctor.upstream.CONTRACTS``), not to patch.
 
 On stacks a, b and c the checkpoint config Trinity 0.6 builds is accepted; on stack d (verl 0.9.1, on
 request) it is refused, exactly as the whole run on stack d failed, stock and with npu-compat.
@@ -39,14 +39,14 @@ print(json.dumps({"cuda": torch.cuda.is_available(), "error": error}))
 def test_trinitys_checkpoint_config_is_accepted_by_this_verl_exactly_when_doctor_says_so() -> None:
     import json
 
-    from npu_compat import _check, _source
+    from npu_compat.doctor import check, source
 
     proc = run_py(BUILD, env={"NPU_COMPAT": "0"}, timeout=240)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["cuda"] is False  # the CPU: no device is involved in what follows
-    artifact = _source.installed("verl")
+    artifact = source.installed("verl")
     assert artifact is not None
-    named = _check.broken_contracts(artifact, {"trinity-rft": TRINITY})
+    named = check.broken_contracts(artifact, {"trinity-rft": TRINITY})
     if out["error"] is None:
         assert named == [], named
     else:

@@ -13,7 +13,7 @@ distribution the artifact is, the target module's source is read (ast) and the p
     widened, once a test on that version proves it.
 ``out of range``
     the range does not cover the version, and the target is not there as declared (what changed is
-    said); where :data:`npu_compat._upstream.SERVED_ELSEWHERE` declares the version served by other
+    said); where :data:`npu_compat.doctor.upstream.SERVED_ELSEWHERE` declares the version served by other
     patches, that is said too.
 ``moved``
     in range, and the target is no longer where the catalogue names it but is defined elsewhere in
@@ -26,7 +26,7 @@ describes a release it claims to support; at run time the patch would fail or mi
 bad command line or an unreadable artifact, and 0 otherwise.  The check also names what the release
 requires (``Requires-Dist``, its base requirements) that none of the stacks npu-compat is tested on
 pins (``npu_compat/stacks/*.txt``, shipped with the package).  Where a release breaks an entry of
-:data:`npu_compat._upstream.CONTRACTS` -- a pair of upstream releases that cannot run together on any
+:data:`npu_compat.doctor.upstream.CONTRACTS` -- a pair of upstream releases that cannot run together on any
 device, with or without npu-compat -- it says ``broken``, naming the pair and the fix (exit status 1).
 """
 
@@ -40,13 +40,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import _source
-from ._spec import PatchSpec
-from ._upstream import CONTRACTS, SERVED_ELSEWHERE, VIEWS
-from ._versions import installed_version, version_in_range
+from .._spec import PatchSpec
+from .._versions import installed_version, version_in_range
+from . import source
+from .upstream import CONTRACTS, SERVED_ELSEWHERE, view_attribute
 
-#: The stacks npu-compat is tested on, one pin list each (package data).
-STACKS_DIR = Path(__file__).resolve().with_name("stacks")
+#: The stacks npu-compat is tested on, one pin list each (package data: ``npu_compat/stacks``).
+STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
 FAILING = ("moved", "broken")
 
@@ -74,15 +74,15 @@ class Checked:
         return any(r.verdict in FAILING for r in self.rows)
 
 
-def broken_contracts(artifact: _source.Artifact, partners: dict[str, str | None]) -> list[Row]:
+def broken_contracts(artifact: source.Artifact, partners: dict[str, str | None]) -> list[Row]:
     """The contracts ``artifact`` breaks for the partner versions known here (``partners``: normalized
     name to version; a partner not known here is assumed to be in range)."""
-    reader = _Reader(artifact)
+    reader = source.Reader(artifact)
     rows = []
     for contract in CONTRACTS:
-        if _source.normalize(contract.distribution) != artifact.key:
+        if source.normalize(contract.distribution) != artifact.key:
             continue
-        partner = partners.get(_source.normalize(contract.needed_by))
+        partner = partners.get(source.normalize(contract.needed_by))
         if partner is not None and not version_in_range(partner, contract.needed_by_versions):
             continue
         found = _resolve(reader, *_split(contract.target))
@@ -125,42 +125,6 @@ class _Found:
     top: bool = False
 
 
-class _Reader:
-    """Parses each module of one artifact once."""
-
-    def __init__(self, artifact: _source.Artifact) -> None:
-        self.artifact = artifact
-        self._trees: dict[str, ast.Module | None] = {}
-
-    def tree(self, module: str) -> ast.Module | None:
-        if module not in self._trees:
-            source = self.artifact.source(module)
-            try:
-                self._trees[module] = None if source is None else ast.parse(source)
-            except (SyntaxError, ValueError):
-                self._trees[module] = None
-        return self._trees[module]
-
-    def defined_elsewhere(self, name: str, besides: str) -> list[str]:
-        """The modules of the artifact (other than ``besides``) that define ``name`` by ``def`` or
-        ``class`` at their top level (a text search first: most modules are never parsed)."""
-        needle = (f"def {name}(", f"class {name}(", f"class {name}:")
-        found = []
-        for module in self.artifact.modules():
-            if module == besides:
-                continue
-            source = self.artifact.source(module)
-            if source is None or not any(n in source for n in needle):
-                continue
-            tree = self.tree(module)
-            if tree is not None and any(
-                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                for n in _source.bindings(tree.body).get(name, [])
-            ):
-                found.append(module)
-        return sorted(found)
-
-
 def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     if not node.level:
         return node.module or ""
@@ -186,7 +150,7 @@ def _is_dataclass(node: ast.ClassDef) -> bool:
     return False
 
 
-def _resolve(reader: _Reader, module: str, path: tuple[str, ...], depth: int = 0) -> _Found:
+def _resolve(reader: source.Reader, module: str, path: tuple[str, ...], depth: int = 0) -> _Found:
     """Where ``module:path`` is defined in the artifact, following ``from`` imports and base classes
     that the artifact itself holds."""
     tree = reader.tree(module)
@@ -194,17 +158,17 @@ def _resolve(reader: _Reader, module: str, path: tuple[str, ...], depth: int = 0
         if reader.artifact.module_path(module) is None:
             return _Found("missing", f"{module} is not in it", top=True)
         return _Found("matches", f"{module} could not be parsed: not verified")
-    binds = _source.bindings(tree.body)
+    binds = source.bindings(tree.body)
     name, rest = path[0], path[1:]
     if name not in binds:
-        if _source.module_names(tree) is None:
+        if source.module_names(tree) is None:
             return _Found("matches", f"{module} binds names dynamically: {name} not verified")
         close = difflib.get_close_matches(name, list(binds), n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
         return _Found("missing", f"{module} has no {name}{hint}", top=True)
     node = _definition(binds[name])
     if isinstance(node, ast.alias) and depth < 8:
-        origin = _source.imported_from(tree).get(id(node))
+        origin = source.imported_from(tree).get(id(node))
         if origin is not None:
             package = (reader.artifact.module_path(module) or "").endswith("__init__.py")
             source_module = _absolute(module, origin, package)
@@ -221,7 +185,7 @@ def _resolve(reader: _Reader, module: str, path: tuple[str, ...], depth: int = 0
         return _Found("matches", node=node)
     if not isinstance(node, ast.ClassDef):
         return _Found("matches", f"{module}:{name} is not a class here: {'.'.join(rest)} not verified", node)
-    members = _source.bindings(node.body)
+    members = source.bindings(node.body)
     if rest[0] in members:
         member = _definition(members[rest[0]])
         if len(rest) > 1:
@@ -231,7 +195,7 @@ def _resolve(reader: _Reader, module: str, path: tuple[str, ...], depth: int = 0
         return _Found("matches", f"{name}.__init__ is generated by @dataclass")
     outside = False
     for base in node.bases:  # inherited: from a base class this release holds
-        if _from_stdlib(base, binds, _source.imported_from(tree)):
+        if _from_stdlib(base, binds, source.imported_from(tree)):
             continue
         base_name = base.id if isinstance(base, ast.Name) else None
         if base_name is None or base_name not in binds or depth >= 8:
@@ -273,7 +237,7 @@ def _from_stdlib(base: ast.expr, binds: dict[str, list[ast.AST]], origins: dict[
 def _parameters(node: ast.AST | None) -> list[str] | None:
     """The parameter names of a ``def`` (a class: of its ``__init__``), or None when unreadable."""
     if isinstance(node, ast.ClassDef):
-        members = _source.bindings(node.body)
+        members = source.bindings(node.body)
         init = members.get("__init__")
         return None if not init else _parameters(_definition(init))
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -286,7 +250,7 @@ def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"{node.name}({ast.unparse(node.args)})"
 
 
-def match(spec: PatchSpec, reader: _Reader) -> _Found:
+def match(spec: PatchSpec, reader: source.Reader) -> _Found:
     """Whether the artifact holds ``spec``'s target as declared; for "changed" and "missing", what
     differs."""
     found = _resolve(reader, spec.module, spec.attr_path)
@@ -309,20 +273,16 @@ def match(spec: PatchSpec, reader: _Reader) -> _Found:
                 )
         elif not found.detail:
             found.detail = f"the parameters of {spec.target} could not be read: not verified"
-    view = _view_attribute(spec)
+    view = view_attribute(spec.replacement)
     if view is not None:
         tree = reader.tree(spec.module)
         name = spec.attr_path[0]
-        if tree is not None and not _source.uses_attribute(tree, name, view):
+        if tree is not None and not source.uses_attribute(tree, name, view):
             return _Found("changed", f"{spec.module} never uses {name}.{view}: nothing to redirect")
     return found
 
 
-def _view_attribute(spec: PatchSpec) -> str | None:
-    return VIEWS.get(spec.replacement or "")
-
-
-def copies_moved(spec: PatchSpec, reader: _Reader) -> list[str]:
+def copies_moved(spec: PatchSpec, reader: source.Reader) -> list[str]:
     """The ``from``-copies of ``spec`` in this artifact that now bind the target under another name."""
     problems = []
     target_name = spec.attr_path[-1]
@@ -330,7 +290,7 @@ def copies_moved(spec: PatchSpec, reader: _Reader) -> list[str]:
         tree = reader.tree(copy_module)
         if tree is None:
             continue  # not in this release: nothing to repoint there
-        binds = _source.bindings(tree.body)
+        binds = source.bindings(tree.body)
         if copy_name in binds:
             continue
         renamed = sorted(
@@ -359,7 +319,7 @@ def stack_pins(directory: Path = STACKS_DIR) -> dict[str, dict[str, str]]:
             line = line.split("#", 1)[0].strip()
             if "==" in line:
                 name, version = (s.strip() for s in line.split("==", 1))
-                pins.setdefault(_source.normalize(name), {})[path.stem] = version
+                pins.setdefault(source.normalize(name), {})[path.stem] = version
     return pins
 
 
@@ -375,7 +335,7 @@ def unpinned(requires: tuple[str, ...], pins: dict[str, dict[str, str]]) -> list
             continue
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
-        pinned = pins.get(_source.normalize(req.name), {})
+        pinned = pins.get(source.normalize(req.name), {})
         if not pinned:
             out.append(f"{text} (no stack pins {req.name})")
         elif not any(req.specifier.contains(v, prereleases=True) for v in pinned.values()):
@@ -388,15 +348,15 @@ def unpinned(requires: tuple[str, ...], pins: dict[str, dict[str, str]]) -> list
 
 
 def check_artifact(
-    artifact: _source.Artifact,
+    artifact: source.Artifact,
     specs: tuple[PatchSpec, ...],
     pins: dict[str, dict[str, str]] | None = None,
     partners: dict[str, str | None] | None = None,
 ) -> Checked:
-    reader = _Reader(artifact)
+    reader = source.Reader(artifact)
     out = Checked(artifact.name, artifact.version, artifact.origin)
     for spec in specs:
-        if _source.normalize(spec.distribution) != artifact.key:
+        if source.normalize(spec.distribution) != artifact.key:
             # another distribution's patch may name a from-copy in this one
             copies = copies_moved(spec, reader) if _copies_here(spec, artifact) else []
             if copies:
@@ -419,7 +379,7 @@ def check_artifact(
                 for entry in SERVED_ELSEWHERE:
                     if (
                         artifact.version
-                        and _source.normalize(entry.distribution) == artifact.key
+                        and source.normalize(entry.distribution) == artifact.key
                         and version_in_range(artifact.version, entry.versions)
                         and spec.module in entry.gone
                     ):
@@ -430,7 +390,7 @@ def check_artifact(
     return out
 
 
-def _copies_here(spec: PatchSpec, artifact: _source.Artifact) -> bool:
+def _copies_here(spec: PatchSpec, artifact: source.Artifact) -> bool:
     return any(artifact.module_path(module) is not None for module, _ in spec.copy_places())
 
 
@@ -454,7 +414,7 @@ def _print(results: list[Checked], skipped: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from ._catalog import SPECS
+    from .._catalog import SPECS
 
     parser = argparse.ArgumentParser(
         prog="python -m npu_compat check",
@@ -463,17 +423,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("artifacts", nargs="*", metavar="ARTIFACT", help="a wheel, an sdist or a source tree")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
-    artifacts: list[_source.Artifact] = []
+    artifacts: list[source.Artifact] = []
     skipped: list[str] = []
     try:
         for path in args.artifacts:
-            artifacts.append(_source.open_artifact(path))
+            artifacts.append(source.open_artifact(path))
     except (ValueError, OSError) as exc:
         print(f"npu_compat check: {exc}", file=sys.stderr)
         return 2
     if not args.artifacts:
         for dist in sorted({s.distribution for s in SPECS}):
-            found = _source.installed(dist)
+            found = source.installed(dist)
             if found is None:
                 skipped.append(f"{dist}: not installed")
             else:
@@ -482,7 +442,7 @@ def main(argv: list[str]) -> int:
     # the releases a contract's partner may be: those checked together, else the installed ones
     partners: dict[str, str | None] = {}
     for contract in CONTRACTS:
-        partners[_source.normalize(contract.needed_by)] = installed_version(contract.needed_by)
+        partners[source.normalize(contract.needed_by)] = installed_version(contract.needed_by)
     partners.update({a.key: a.version for a in artifacts})
     results = [check_artifact(a, SPECS, pins, partners) for a in artifacts]
     if args.json:

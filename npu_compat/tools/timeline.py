@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-from . import _reportfile
+from .. import _reportfile
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What npu-compat knows of upstream besides its patches (read by ``doctor`` and ``check``):
+"""What npu-compat knows of upstream besides its patches, for the diagnostics alone (``doctor``'s plan,
+:mod:`.plan`, and ``check``, :mod:`.check`; the product never reads it):
 
 * :data:`VIEWS` -- the module globals a view patch redirects, and the one attribute it answers
   differently;
@@ -16,6 +17,12 @@ from dataclasses import dataclass
 #: Replacements that swap a module global for a view of it, and the one attribute of that global
 #: the view answers differently: a module that never names ``<global>.<attribute>`` is not changed.
 VIEWS = {"npu_compat.patches.torch_view:torch_for_npu": "cuda"}
+
+
+def view_attribute(replacement: str | None) -> str | None:
+    """The attribute a patch with this ``replacement`` answers differently (:data:`VIEWS`), or None
+    where the patch is no view."""
+    return VIEWS.get(replacement or "")
 
 
 @dataclass(frozen=True)

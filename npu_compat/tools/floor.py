@@ -6,7 +6,7 @@ same order and with the same overlap -- and the run laid along the floor's criti
 The run's start-up is the span from ``begin`` (the first process of the run: with
 :func:`run_begin`, the Ray driver's start) to ``until`` (where its start-up ended, e.g. the weight
 sync's set-up; default: the last process became ready).  Its processes are those of the reports
-that started inside it.  For each, its import log (:func:`npu_compat._timeline.read_imports`)
+that started inside it.  For each, its import log (:func:`npu_compat.tools.timeline.read_imports`)
 names the modules it had imported by ``until``, and when (to the watcher's half second);
 :func:`replay` starts, for each process, a child interpreter (the same executable, with the same
 ``sys.path``) that imports those modules in the same order and exits.  A child starts once the
@@ -36,7 +36,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from . import _env, _timeline
+from .. import _env
+from . import timeline
 
 #: Modules a floor child does not import again: npu-compat's own, and each interpreter's entry points.
 _SKIP_PREFIXES = ("npu_compat", "_npu_compat")
@@ -71,7 +72,7 @@ print(json.dumps({"failed": failed}), flush=True)
 class Step:
     """One process of the run, and its floor child."""
 
-    row: _timeline.Row
+    row: timeline.Row
     modules: list[str]
     #: when the run's process had imported each of ``modules`` (its import log's look)
     times: list[float]
@@ -99,24 +100,24 @@ class Step:
         return self.times[count - 1] if count > 0 else (self.row.start or 0.0)
 
 
-def run_begin(table: list[_timeline.Row]) -> float | None:
+def run_begin(table: list[timeline.Row]) -> float | None:
     """The start of the run's first Ray driver (the processes before it are the cluster's)."""
     drivers = [row.start for row in table if row.role == "ray-driver" and row.start is not None]
     return min(drivers) if drivers else None
 
 
-def plan(table: list[_timeline.Row], directory: str, begin: float, until: float) -> list[Step]:
-    """A floor step for each process of the run's rows (:func:`npu_compat._timeline.rows` of the
+def plan(table: list[timeline.Row], directory: str, begin: float, until: float) -> list[Step]:
+    """A floor step for each process of the run's rows (:func:`npu_compat.tools.timeline.rows` of the
     reports in ``directory``) that started in ``[begin, until)``."""
     steps: list[Step] = []
     for row in table:
         if row.start is None or not begin <= row.start < until:
             continue
-        lines = _timeline.read_imports(directory, row.host, row.pid)
+        lines = timeline.read_imports(directory, row.host, row.pid)
         modules: list[str] = []
         times: list[float] = []
         for line in lines:
-            t = _timeline.as_seconds(line.get("t")) or 0.0
+            t = timeline.as_seconds(line.get("t")) or 0.0
             if t > until:
                 break
             new = line["new"]
@@ -217,7 +218,7 @@ def floor_path(steps: list[Step]) -> list[tuple[int, int]]:
     return path[::-1]
 
 
-def _name(row: _timeline.Row) -> str:
+def _name(row: timeline.Row) -> str:
     return f"{row.pid} {row.actor or row.role} ({row.program})"
 
 

@@ -1,9 +1,12 @@
-"""Upstream source read without importing or installing it: a distribution's files where they lie
-(installed, a wheel, an sdist, an unpacked source tree), its metadata, and what a module binds (ast).
+"""The one reader of upstream source, never imported nor installed: a distribution's files where they
+lie (installed, a wheel, an sdist, an unpacked source tree), its metadata, each module parsed once
+(:class:`Reader`), and what a module binds (ast).
 
-Used by ``doctor`` (the installed distributions) and ``check`` (any of them).  Nothing here imports
-an upstream module; ``zipfile``/``tarfile`` and the TOML reader are imported only for the artifact
-that needs them.
+Both of doctor's questions about a release's source go through it: ``check`` (:mod:`.check`: is each
+target where the catalogue says, in any release) and ``doctor``'s plan (:mod:`.plan`: does the installed
+release still hold what an out-of-range patch changes), and ``doctor``'s reading of Ray's token rules
+(:mod:`.ray_auth`).  Nothing here imports an upstream module; ``zipfile``/``tarfile`` and the TOML reader
+are imported only for the artifact that needs them.
 """
 
 from __future__ import annotations
@@ -73,6 +76,51 @@ class Artifact:
                 yield stem.replace("/", ".")
 
 
+class Reader:
+    """One artifact's modules, each parsed once."""
+
+    def __init__(self, artifact: Artifact) -> None:
+        self.artifact = artifact
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def ships(self, module: str) -> bool:
+        """Whether the artifact has ``module``'s file (where its file list is unknown: assumed so)."""
+        return self.artifact.has_module(module)
+
+    def tree(self, module: str) -> ast.Module | None:
+        """``module``'s syntax tree, or None (not in the artifact, unreadable, not Python this parses)."""
+        if module not in self._trees:
+            source = self.artifact.source(module)
+            try:
+                self._trees[module] = None if source is None else ast.parse(source)
+            except (SyntaxError, ValueError):
+                self._trees[module] = None
+        return self._trees[module]
+
+    def defines(self, module: str, name: str) -> bool:
+        """Whether ``module`` defines ``name`` by ``def`` or ``class`` at its top level."""
+        tree = self.tree(module)
+        return tree is not None and any(
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for n in bindings(tree.body).get(name, [])
+        )
+
+    def defined_elsewhere(self, name: str, besides: str) -> list[str]:
+        """The modules of the artifact (other than ``besides``) that define ``name`` by ``def`` or
+        ``class`` at their top level (a text search first: most modules are never parsed)."""
+        needle = (f"def {name}(", f"class {name}(", f"class {name}:")
+        found = []
+        for module in self.artifact.modules():
+            if module == besides:
+                continue
+            source = self.artifact.source(module)
+            if source is None or not any(n in source for n in needle):
+                continue
+            if self.defines(module, name):
+                found.append(module)
+        return sorted(found)
+
+
 # -- where the files lie ---------------------------------------------------------------------
 
 
@@ -97,6 +145,12 @@ def installed(distribution: str) -> Artifact | None:
         files,
         complete=dist.files is not None,
     )
+
+
+def installed_reader(distribution: str) -> Reader | None:
+    """A :class:`Reader` of the installed ``distribution``, or None when it is not installed."""
+    artifact = installed(distribution)
+    return None if artifact is None else Reader(artifact)
 
 
 def _from_metadata(text: str) -> tuple[str | None, str | None, tuple[str, ...]]:

@@ -5,7 +5,7 @@ versions, why it exists, the upstream fix and when it can go.  The page is gener
 edited by hand; a test compares the file in the repository with :func:`render`.  Regenerate it
 from the repository root with::
 
-    python -m npu_compat._catalogdoc > docs/patches.md
+    python -m npu_compat.tools.catalogdoc > docs/patches.md
 
 Only the catalogue is read: no patch implementation and no upstream module is imported.
 """
@@ -13,11 +13,11 @@ Only the catalogue is read: no patch implementation and no upstream module is im
 import re
 import sys
 
-from ._catalog import SEAM_SPECS, SPECS
-from ._spec import PatchSpec
+from .._catalog import SEAM_SPECS, SPECS
+from .._spec import PatchSpec
 
 #: The command that regenerates the page, from the repository root.
-COMMAND = "python -m npu_compat._catalogdoc > docs/patches.md"
+COMMAND = "python -m npu_compat.tools.catalogdoc > docs/patches.md"
 
 
 def _cell(text: str) -> str:
