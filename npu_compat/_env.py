@@ -123,6 +123,19 @@ ASCEND_TOOLKIT_VARS: "tuple[str, ...]" = startup.ASCEND_TOOLKIT_VARS
 HCCL_EXEC_TIMEOUT = "HCCL_EXEC_TIMEOUT"
 HCCL_EXEC_TIMEOUT_DEFAULT_S = 1836
 
+# HCCL's sockets (CANN's, not ours), checked by ``doctor``.
+#: How long an HCCL communicator waits for its peers' sockets while it is built, in seconds (CANN's default
+#: 120, valid 120-7200): a peer that joins later fails with EI0006.
+HCCL_CONNECT_TIMEOUT = "HCCL_CONNECT_TIMEOUT"
+HCCL_CONNECT_TIMEOUT_DEFAULT_S = 120
+HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
+#: The host and device NIC ports HCCL's sockets bind (``auto``: the OS picks free ones), and the base port
+#: of the older scheme; unset, two processes that build HCCL communicators on one NPU or host bind the same
+#: default ports and the second fails to bind (EJ0003).
+HCCL_HOST_SOCKET_PORT_RANGE = "HCCL_HOST_SOCKET_PORT_RANGE"
+HCCL_NPU_SOCKET_PORT_RANGE = "HCCL_NPU_SOCKET_PORT_RANGE"
+HCCL_IF_BASE_PORT = "HCCL_IF_BASE_PORT"
+
 # Read by ``doctor`` (not ours).
 #: ``0`` stops ``import torch`` from loading torch_npu through its ``torch.backends`` entry point.
 TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"

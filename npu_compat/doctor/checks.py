@@ -177,6 +177,8 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
     else:
         record(_env.TORCH_AUTOLOAD, "ok", "not 0 (torch_npu loads with torch)")
     check_exec_timeout(d, on_npu, environ, record)
+    check_connect_timeout(d, on_npu, environ, record)
+    check_socket_ports(d, on_npu, environ, record)
     d.sections["ascend"] = checks
 
 
@@ -266,6 +268,81 @@ def check_exec_timeout(
             "error" if on_npu else "warning",
             f"{_env.HCCL_EXEC_TIMEOUT}={value!r} is not a whole number of seconds, so it is not the bound "
             "you meant for HCCL's collectives. Fix: give whole seconds, e.g. 1800",
+        )
+
+
+def check_connect_timeout(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """``HCCL_CONNECT_TIMEOUT``: how far apart the peers of one HCCL group may join it."""
+    name, default = _env.HCCL_CONNECT_TIMEOUT, _env.HCCL_CONNECT_TIMEOUT_DEFAULT_S
+    low, high = _env.HCCL_CONNECT_TIMEOUT_RANGE_S
+    value = environ.get(name)
+    if value is None:
+        record(name, "ok", f"unset (HCCL's default, {default} s)")
+        if on_npu:
+            d.add(
+                "note",
+                f"{name} is unset: the peers of an HCCL group that join more than {default} s apart "
+                "fail with EI0006 (getting socket times out). Trinity's weight-sync group is joined by the "
+                "trainer and by every rollout engine, each once its model has loaded, and a run's first "
+                f"collectives wait for the slowest rank. To allow more, export "
+                f"{name}=<seconds, {low}-{high}> before `ray start`",
+            )
+    elif value.strip().isdigit() and low <= int(value) <= high:
+        record(name, "ok", f"{value} s")
+    else:
+        record(name, "bad", f"{value!r} is not a whole number of seconds from {low} to {high}")
+        d.add(
+            "error" if on_npu else "warning",
+            f"{name}={value!r} is not a whole number of seconds from {low} to {high}, so HCCL does not wait "
+            f"as long as you meant for a group's peers. Fix: give whole seconds in that range, e.g. 1200",
+        )
+
+
+def _port_range_problem(value: str) -> str | None:
+    """What is wrong with a value of an HCCL socket port range (``auto``, or ports and ``first-last``
+    ranges separated by commas), or None."""
+    if value.strip().lower() == "auto":
+        return None
+    for part in value.split(","):
+        first, _, last = part.strip().partition("-")
+        ports = [first, last] if last else [first]
+        if not all(p.strip().isdigit() and 0 < int(p) <= 65535 for p in ports):
+            return f"{part.strip()!r} is neither a port nor a first-last range of ports"
+        if last and int(first) > int(last):
+            return f"{part.strip()!r} ends before it starts"
+    return None
+
+
+def check_socket_ports(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """HCCL's socket ports: processes building HCCL communicators on one NPU or host need distinct ones."""
+    ranges = (_env.HCCL_HOST_SOCKET_PORT_RANGE, _env.HCCL_NPU_SOCKET_PORT_RANGE)
+    for name in ranges:
+        value = environ.get(name)
+        if value is None:
+            record(name, "ok", "unset (HCCL's default ports)")
+            continue
+        problem = _port_range_problem(value)
+        if problem is None:
+            record(name, "ok", value)
+        else:
+            record(name, "bad", problem)
+            d.add(
+                "error" if on_npu else "warning",
+                f"{name}={value!r}: {problem}. Fix: auto (the OS picks free ports), or ports and first-last "
+                "ranges separated by commas",
+            )
+    if on_npu and not any(environ.get(n) for n in (*ranges, _env.HCCL_IF_BASE_PORT)):
+        d.add(
+            "note",
+            f"{' and '.join(ranges)} are unset (and so is {_env.HCCL_IF_BASE_PORT}): every process that "
+            "builds HCCL communicators binds HCCL's default ports, so a second one on the same NPU or host "
+            "fails to bind (EJ0003, 'The IP address and port have been bound already'). That is Trinity's "
+            "colocate mode (the trainer and the rollout engine on one NPU) and two runs on one host. Fix: "
+            f"export {ranges[0]}=auto {ranges[1]}=auto before `ray start`",
         )
 
 

@@ -163,4 +163,74 @@ ROWS: tuple[Row, ...] = (
             "test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage",
         ),
     ),
+    Row(
+        "F5",
+        "Processes on one NPU or host bind the same HCCL ports",
+        (
+            Source(
+                "alibaba/ROLL#421",
+                "colocate mode (train, infer and reference on the same NPUs) fails to bind; fixed by "
+                "HCCL_HOST_SOCKET_PORT_RANGE=auto and HCCL_NPU_SOCKET_PORT_RANGE=auto",
+            ),
+            Source(
+                "vllm-project/vllm-ascend#405",
+                "a second program with its own tensor-parallel engine on the host: EJ0003, host NIC listen on "
+                "port 60000 fails, the IP address and port have been bound already",
+            ),
+            Source(
+                "InternLM/lmdeploy#4722", "two tensor-parallel groups initialising HCCL on one NPU: EJ0003"
+            ),
+            Source(
+                "vllm-project/vllm-ascend#16205",
+                "jobs sharing a NIC collide on HCCL's default ports 60000+; each sets its own HCCL_IF_BASE_PORT",
+            ),
+        ),
+        "not modelled: the simulated HCCL opens no sockets, and the sources do not say which default port "
+        "each communicator takes, so nothing here would bind one; doctor reads the settings as a real host has them",
+        "Trinity's colocate mode puts the trainer and the rollout engine on one NPU, and each builds HCCL "
+        "communicators (FSDP's groups, the rollout's tensor-parallel group, the weight-sync group): with HCCL's "
+        "default ports the second fails to bind",
+        "doctor names it on an NPU host where neither port range nor HCCL_IF_BASE_PORT is set, with the fix "
+        "(both ranges auto before ray start, which every Ray worker inherits), and refuses a malformed range",
+        DOCTOR,
+        "doctor: HCCL socket ports",
+        (
+            "tests/seams/test_doctor.py::"
+            "test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet_once_set",
+            "tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",
+        ),
+    ),
+    Row(
+        "F6",
+        "Peers of an HCCL group that join more than HCCL_CONNECT_TIMEOUT apart",
+        (
+            Source(
+                "modelscope/ms-swift#8281",
+                "HCCL_CONNECT_TIMEOUT bounds socket set-up before a collective group is built: default 120 s, "
+                "valid 120-7200; rank skew at start-up then surfaces as HCCL timeouts, where NCCL waits 10 minutes",
+            ),
+            Source(
+                "vllm-project/vllm-ascend#486",
+                "GRPO with vLLM inference colocated: EI0006, getting socket times out, remote rank did not "
+                "send in time",
+            ),
+            Source(
+                "vllm-project/afd-plugin#229",
+                "EI0006 between separately started roles; HCCL_CONNECT_TIMEOUT=900 mitigates",
+            ),
+        ),
+        "not modelled: the simulated HCCL builds a group through torch's store with the caller's timeout, "
+        "as gloo does, and has no separate connect bound; doctor reads the setting as a real host has it",
+        "Trinity's weight-sync group is joined by the trainer and by every rollout engine, each once its "
+        "model has loaded: more than 120 s apart on a real host, the first to arrive fails with EI0006",
+        "doctor names it on an NPU host where HCCL_CONNECT_TIMEOUT is unset, with the fix (seconds from 120 "
+        "to 7200 before ray start), and refuses a value outside that range",
+        DOCTOR,
+        "doctor: HCCL_CONNECT_TIMEOUT",
+        (
+            "tests/seams/test_doctor.py::"
+            "test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet_once_set",
+            "tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",
+        ),
+    ),
 )

@@ -60,6 +60,18 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
             {"NPU_COMPAT_DEVICE": "npu", "HCCL_EXEC_TIMEOUT": "30m"},
             ["HCCL_EXEC_TIMEOUT='30m' is not a whole"],
         ),
+        (
+            {"NPU_COMPAT_DEVICE": "npu", "HCCL_CONNECT_TIMEOUT": "60"},
+            ["HCCL_CONNECT_TIMEOUT='60' is not a whole number of seconds from 120 to 7200"],
+        ),
+        (
+            {"NPU_COMPAT_DEVICE": "npu", "HCCL_HOST_SOCKET_PORT_RANGE": "61000-60000"},
+            ["'61000-60000' ends before it starts"],
+        ),
+        (
+            {"NPU_COMPAT_DEVICE": "npu", "HCCL_NPU_SOCKET_PORT_RANGE": "60000,any"},
+            ["'any' is neither a port nor a first-last range of ports", "Fix: auto"],
+        ),
     ],
 )
 def test_what_would_break_a_run_exits_1_with_the_fix(
@@ -134,6 +146,46 @@ def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_w
     assert {"check": "HCCL_EXEC_TIMEOUT", "status": "ok", "detail": "600 s"} in bounded["ascend"]
     cpu = run(DOCTOR, child_env(), check=False)
     assert "HCCL_EXEC_TIMEOUT is unset" not in cpu.stdout
+
+
+def test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet_once_set(
+    tmp_path: Path,
+) -> None:
+    """Field failures only the environment can fix: peers of an HCCL group joining more than
+    HCCL_CONNECT_TIMEOUT apart (EI0006), and processes on one NPU or host binding HCCL's default ports
+    (EJ0003; Trinity's colocate mode). Unset on an NPU host, doctor names each with its fix; set, it
+    is quiet; on a CPU host it says nothing."""
+    toolkit = tmp_path / "Ascend"
+    toolkit.mkdir()
+    npu = {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)}
+    unset = json.loads(run([*DOCTOR, "--json"], child_env(npu), check=False).stdout)
+    [connect] = [f["message"] for f in unset["findings"] if "HCCL_CONNECT_TIMEOUT" in f["message"]]
+    [ports] = [f["message"] for f in unset["findings"] if "HCCL_HOST_SOCKET_PORT_RANGE" in f["message"]]
+    assert unset["ok"], unset["findings"]  # notes, not errors: doctor cannot know the run's layout
+    assert "EI0006" in connect and "export HCCL_CONNECT_TIMEOUT=<seconds, 120-7200>" in connect
+    assert "EJ0003" in ports and "colocate mode" in ports
+    assert "export HCCL_HOST_SOCKET_PORT_RANGE=auto HCCL_NPU_SOCKET_PORT_RANGE=auto" in ports
+    chosen = {
+        "HCCL_CONNECT_TIMEOUT": "1200",
+        "HCCL_HOST_SOCKET_PORT_RANGE": "auto",
+        "HCCL_NPU_SOCKET_PORT_RANGE": "61000-61050,62000",
+    }
+    set_ = json.loads(run([*DOCTOR, "--json"], child_env(npu | chosen), check=False).stdout)
+    assert not [
+        f for f in set_["findings"] if "HCCL_CONNECT" in f["message"] or "SOCKET_PORT" in f["message"]
+    ]
+    assert {"check": "HCCL_CONNECT_TIMEOUT", "status": "ok", "detail": "1200 s"} in set_["ascend"]
+    assert {"check": "HCCL_NPU_SOCKET_PORT_RANGE", "status": "ok", "detail": "61000-61050,62000"} in set_[
+        "ascend"
+    ]
+    base = json.loads(
+        run([*DOCTOR, "--json"], child_env(npu | {"HCCL_IF_BASE_PORT": "60100"}), check=False).stdout
+    )
+    assert not [f for f in base["findings"] if "SOCKET_PORT" in f["message"]]  # the older scheme, chosen
+    cpu = run(DOCTOR, child_env(), check=False)
+    assert (
+        "HCCL_CONNECT_TIMEOUT is unset" not in cpu.stdout and "SOCKET_PORT_RANGE are unset" not in cpu.stdout
+    )
 
 
 def test_no_automatic_activation_on_an_npu_host_is_an_error(tmp_path: Path) -> None:
