@@ -136,6 +136,10 @@ HCCL_HOST_SOCKET_PORT_RANGE = "HCCL_HOST_SOCKET_PORT_RANGE"
 HCCL_NPU_SOCKET_PORT_RANGE = "HCCL_NPU_SOCKET_PORT_RANGE"
 HCCL_IF_BASE_PORT = "HCCL_IF_BASE_PORT"
 
+# Ray's (not ours), checked by ``doctor``.
+#: Set, Ray leaves ``ASCEND_RT_VISIBLE_DEVICES`` as it found it instead of narrowing it to each actor's NPUs.
+RAY_NOSET_ASCEND_VISIBLE = "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
+
 # Read by ``doctor`` (not ours).
 #: ``0`` stops ``import torch`` from loading torch_npu through its ``torch.backends`` entry point.
 TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"

@@ -144,6 +144,7 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
         else:
             record(_env.ASCEND_VISIBLE_DEVICES, "bad", problem)
             d.add("error" if on_npu else "warning", f"{_env.ASCEND_VISIBLE_DEVICES}={visible!r}: {problem}")
+    check_ray_visibility(d, on_npu, environ, record)
     toolkit = [(n, environ[n]) for n in _env.ASCEND_TOOLKIT_VARS if environ.get(n)]
     if toolkit:
         name, value = toolkit[0]
@@ -359,6 +360,41 @@ def host_npus(environ: dict[str, str]) -> tuple[list[int], str] | None:
         return None
     numbers = sorted(int(n[7:]) for n in names if n.startswith("davinci") and n[7:].isdigit())
     return (numbers, f"{_env.startup.DEV_DIR}/davinci*") if numbers else None
+
+
+#: Where verl's workers (Trinity's trainer) choose their NPU when Ray leaves the visible devices alone.
+VERL_SET_DEVICE = "verl.single_controller.base.worker:Worker._setup_env_cuda_visible_devices"
+
+
+def check_ray_visibility(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES``: with it, a worker's NPU is Ray's id for it."""
+    name, visible_name = _env.RAY_NOSET_ASCEND_VISIBLE, _env.ASCEND_VISIBLE_DEVICES
+    value = environ.get(name)
+    if not value:  # verl reads it as set when it is not empty
+        record(name, "ok", f"unset (Ray narrows {visible_name} to each actor's NPUs)")
+        return
+    visible = environ.get(visible_name)
+    items = [p.strip() for p in (visible or "").split(",")]
+    if (
+        visible is None
+        or not all(p.isdigit() for p in items)
+        or [int(p) for p in items] == list(range(len(items)))
+    ):
+        # unset, or numbered from 0: Ray's NPU ids are the runtime's device indices (a malformed value
+        # is named by the visible-devices check)
+        record(name, "ok", f"{value} (Ray's NPU ids are the device indices here)")
+        return
+    record(name, "bad", f"{value}, with {visible_name}={visible}")
+    d.add(
+        "error" if on_npu else "warning",
+        f"{name}={value} with {visible_name}={visible}: Ray then leaves {visible_name}={visible} to every "
+        f"actor, and verl's workers (Trinity's trainer; {VERL_SET_DEVICE}) pass Ray's id of their NPU, a "
+        f"physical number such as {items[-1]}, to torch.npu.set_device, which counts the visible NPUs from "
+        f"0: 'Invalid device ID'. Fix: unset {name} before `ray start`, or start Ray with {visible_name} "
+        "unset or numbered from 0",
+    )
 
 
 def visible_devices_problem(value: str, present: tuple[list[int], str] | None = None) -> str | None:

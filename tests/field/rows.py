@@ -233,4 +233,37 @@ ROWS: tuple[Row, ...] = (
             "tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",
         ),
     ),
+    Row(
+        "F7",
+        "Ray leaves the visible NPUs alone, and a worker takes Ray's physical NPU id as its device index",
+        (
+            Source(
+                "verl-project/verl#7507",
+                "with RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES and ASCEND_RT_VISIBLE_DEVICES=4,5,6,7, "
+                "Ray reports physical id 5 and torch_npu.set_device(5) raises Invalid device ID",
+            ),
+            Source(
+                "verl 0.7.1 and 0.8.0 single_controller/base/worker.py",
+                "Worker._setup_env_cuda_visible_devices: when a NOSET variable is set, LOCAL_RANK is Ray's "
+                "accelerator id and set_device(int(local_rank)) is called with it",
+            ),
+            Source(
+                "ray-project/ray#59163",
+                "ray job submit set NOSET for CUDA but not for Ascend: the NPU visibility of a job's driver",
+            ),
+        ),
+        "not modelled yet: the simulated cluster does not run verl's worker with the variable set; doctor "
+        "reads the two settings as a real host has them",
+        "Trinity's trainer runs on verl's workers (both releases): with the variable set and the visible "
+        "NPUs not numbered from 0, each worker asks torch_npu for a device index the runtime does not have",
+        "doctor makes it an error on an NPU host, naming verl's method and the fix (unset the variable, or "
+        "number the visible NPUs from 0); quiet where Ray's ids are the device indices",
+        DOCTOR,
+        "doctor: RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
+        (
+            "tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",
+            "tests/seams/test_doctor.py::"
+            "test_ray_leaving_the_visible_devices_alone_is_fine_where_they_are_numbered_from_0",
+        ),
+    ),
 )

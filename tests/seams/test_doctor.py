@@ -61,6 +61,14 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
             ["HCCL_EXEC_TIMEOUT='30m' is not a whole"],
         ),
         (
+            {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1", "ASCEND_RT_VISIBLE_DEVICES": "2,3"},
+            [
+                "Worker._setup_env_cuda_visible_devices",
+                "'Invalid device ID'",
+                "Fix: unset RAY_EXPERIMENTAL_NOSET",
+            ],
+        ),
+        (
             {"NPU_COMPAT_DEVICE": "npu", "HCCL_CONNECT_TIMEOUT": "60"},
             ["HCCL_CONNECT_TIMEOUT='60' is not a whole number of seconds from 120 to 7200"],
         ),
@@ -186,6 +194,19 @@ def test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet
     assert (
         "HCCL_CONNECT_TIMEOUT is unset" not in cpu.stdout and "SOCKET_PORT_RANGE are unset" not in cpu.stdout
     )
+
+
+@pytest.mark.parametrize("visible", [None, "0,1"])
+def test_ray_leaving_the_visible_devices_alone_is_fine_where_they_are_numbered_from_0(
+    visible: str | None,
+) -> None:
+    env = {"NPU_COMPAT_DEVICE": "npu", "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}
+    if visible is not None:
+        env["ASCEND_RT_VISIBLE_DEVICES"] = visible
+    out = json.loads(run([*DOCTOR, "--json"], child_env(env), check=False).stdout)
+    assert not [f for f in out["findings"] if "NOSET" in f["message"]]
+    [check] = [c for c in out["ascend"] if c["check"] == "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"]
+    assert check["status"] == "ok", check
 
 
 def test_no_automatic_activation_on_an_npu_host_is_an_error(tmp_path: Path) -> None:
