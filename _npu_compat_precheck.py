@@ -36,7 +36,7 @@ import sys
 
 TYPE_CHECKING = False  # typing is not imported on the start-up path
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from types import ModuleType
     from typing import Any
 
@@ -180,7 +180,7 @@ def _trigger(via: str) -> None:
     STARTED = via
     if _can_wait():
         PENDING = via
-        sys.meta_path = [_WAITING, *sys.meta_path]  # a new list: see npu_compat._activation.PostImportFinder
+        _WAITING.install()
         if hasattr(os, "register_at_fork"):
             # another thread may hold the lock at a fork.  A bound method of the lock, not a function
             # of this module: a function would keep this module's globals alive into finalisation
@@ -218,26 +218,77 @@ def _can_wait() -> bool:
     return not any(name in modules for name in (*PACKAGES, "npu_compat"))
 
 
-class _Waiting:
-    """The meta-path finder of a waiting start: the first import of a package in
-    :data:`PACKAGES` finishes the start, and the finders that installed then answer
-    for that import (so the package's own post-import hooks see it)."""
+class Waiting:
+    """A meta-path finder that waits for the first import of a package in ``packages``.
+
+    That import takes it off ``sys.meta_path`` and calls ``then()``; the finders ``then``
+    installed answer for that very import, so their post-import hooks see it.  Two wait with one:
+    this pre-check's start (``lock``: its lock, held across ``then``, so a second importer waits
+    until the start has ended, and ``then`` runs once), and the engine's patch list
+    (``npu_compat._activation``; no lock: its ``then`` is thread-safe and runs for every importer
+    that meets the finder, the first reading the list and the others passing on once it is read).
+    """
+
+    def __init__(self, packages: "frozenset[str]", then: "Callable[[], object]", lock: "Any" = None) -> None:
+        self.packages = packages
+        self.then = then
+        self.lock = lock
+        self.pending = False
+        self.added: "list[Any]" = []  # the finders that ``then`` installed
+
+    def install(self) -> None:
+        self.pending = True
+        if self not in sys.meta_path:
+            # a new list: the interpreter keeps the list it started with until the end of finalisation
+            sys.meta_path = [self, *sys.meta_path]
+
+    def uninstall(self) -> None:
+        self.pending = False
+        if self in sys.meta_path:
+            # a new list, never a removal: another thread's import may be iterating the old one
+            sys.meta_path = [f for f in sys.meta_path if f is not self]
 
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
-        if fullname.partition(".")[0] not in PACKAGES:
+        if fullname.partition(".")[0] not in self.packages:
             return None
-        complete()
-        for finder in _ADDED:
+        self.finish()
+        for finder in self.added:
             if finder in sys.meta_path:
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
                     return spec
         return None
 
+    def finish(self, wait: bool = True) -> None:
+        """Stop waiting and call ``then()`` (with a lock: once, and only if still waiting)."""
+        lock = self.lock
+        if lock is None:
+            self.uninstall()
+            self.then()
+            return
+        if not lock.acquire(wait):
+            return
+        try:
+            if not self.pending:
+                return
+            self.uninstall()
+            before = list(sys.meta_path)
+            self.then()
+            self.added[:] = [f for f in sys.meta_path if not any(f is b for b in before)]
+        finally:
+            lock.release()
 
-_WAITING = _Waiting()
+
+def _start_pending() -> None:
+    global PENDING
+    via, PENDING = PENDING, None
+    if via is not None:
+        _start(via)
+
+
 _LOCK = __import__("_thread").RLock()  # _thread is loaded before site runs
-_ADDED: "list[Any]" = []  # the meta-path finders that finishing the start installed
+#: The pre-check's waiting start.
+_WAITING = Waiting(PACKAGES, _start_pending, _LOCK)
 
 
 def complete(wait: bool = True) -> None:
@@ -249,20 +300,7 @@ def complete(wait: bool = True) -> None:
     does not wait (``wait=False``): a start under way in another thread is importing npu_compat
     itself, and so waits for this very import to end.
     """
-    global PENDING
-    if not _LOCK.acquire(wait):
-        return
-    try:
-        via = PENDING
-        if via is None:
-            return
-        PENDING = None
-        before = [f for f in sys.meta_path if f is not _WAITING]
-        sys.meta_path = before
-        _start(via)
-        _ADDED[:] = [f for f in sys.meta_path if not any(f is b for b in before)]
-    finally:
-        _LOCK.release()
+    _WAITING.finish(wait)
 
 
 def _forget_report() -> None:

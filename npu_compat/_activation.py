@@ -1,8 +1,9 @@
 """Activation: ``activate()``, ``deactivate()``, ``report()`` and the meta-path finder that watches
 target modules, over the process's one state (:mod:`._state`).
 
-On ``npu`` this is the one engine module activation loads: its :class:`PostImportFinder`
-waits for the first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
+On ``npu`` this is the one engine module activation loads (with the state, :mod:`._state`): the
+start-up module's ``Waiting`` finder, in front of its :class:`PostImportFinder`, waits for the
+first import of a package some patch targets (:data:`CATALOG_PACKAGES`),
 which -- before that package runs -- or the first ``report()`` reads the patch list
 (:mod:`._register`).  The other parts are loaded when needed and handed the state; none
 imports this module.  docs/design.md, "How the engine works", follows one patch through them.
@@ -32,27 +33,20 @@ CATALOG_PACKAGES: "frozenset[str]" = _env.startup.PACKAGES
 
 
 class PostImportFinder:
-    """The meta-path finder; one per activation, removed again by :meth:`uninstall`.
-
-    It answers only for the modules in ``names`` (see :func:`._importhook.wrap_spec`), and,
-    while the patch list waits, for the first import of a module in ``packages``.
+    """The meta-path finder that watches target modules; one per activation, removed again by
+    :meth:`uninstall`.  It answers only for the modules in ``names`` (see
+    :func:`._importhook.wrap_spec`); while the patch list waits, ``names`` is empty and the start-up
+    module's :class:`Waiting` finder, in front of it, waits for the first import of a target package.
     """
 
-    def __init__(self, names: "Iterable[str]", packages: "Iterable[str]" = ()) -> None:
+    def __init__(self, names: "Iterable[str]") -> None:
         self.names = frozenset(names)
-        self.packages = frozenset(packages)
 
     def find_spec(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
         if fullname not in self.names:
-            if not (self.packages and fullname.partition(".")[0] in self.packages):
-                return None
-            from ._register import first_import
-
-            first_import(_state)  # the patch list, read before the package runs; then its modules are watched
-            if fullname not in self.names:
-                return None
+            return None
         from ._importhook import wrap_spec
 
         return wrap_spec(self, fullname, path, target, _fire)
@@ -75,6 +69,13 @@ def _fire(module: "ModuleType") -> None:
     from ._apply import on_import
 
     on_import(_state, module)
+
+
+def _first_import() -> None:
+    # the patch list, read before the package runs; then its modules are watched
+    from ._register import first_import
+
+    first_import(_state)
 
 
 def _can_wait(packages: "frozenset[str]") -> bool:
@@ -122,11 +123,13 @@ def activate(
                 state.strict = strict if strict is not None else _env.is_true(os.environ.get(_env.STRICT))
                 # The patch list is read at the first import of a target package (or report());
                 # at once when that cannot wait.
-                state.finder = PostImportFinder((), packages)
+                state.finder = PostImportFinder(())
+                state.waiting = _env.startup.Waiting(packages, _first_import)
                 state.pending, state.specs = True, chosen
                 wait = _can_wait(packages)
                 state.read_disable = not wait
                 state.finder.install()
+                state.waiting.install()  # in front of the finder, which answers for that first import
                 state.active = True
     if active is not None:
         if not state.pending:

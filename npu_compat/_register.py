@@ -113,7 +113,8 @@ def materialise(state: "State") -> None:
         finder = state.finder
         assert finder is not None
         finder.names = frozenset([*state.by_module, *state.by_copy])
-        finder.packages = frozenset()  # after the names: a racing find_spec sees one or the other
+        if state.waiting is not None:  # after the names: a racing import meets one or the other
+            state.waiting.uninstall()
     apply_imported(state)
 
 

@@ -18,14 +18,15 @@ if TYPE_CHECKING:
     from ._spec import PatchSpec
 
     class Finder(Protocol):
-        """What the state needs of the activation's meta-path finder."""
-
-        names: frozenset[str]
-        packages: frozenset[str]
+        """What the state needs of the activation's meta-path finders: the one that watches target
+        modules (``names``) and the start-up module's ``Waiting``, which waits for the first import."""
 
         def install(self) -> None: ...
 
         def uninstall(self) -> None: ...
+
+    class Watching(Finder, Protocol):
+        names: frozenset[str]
 
 
 #: Called (no arguments, never under the state's lock) after ``activate()``, after ``deactivate()``
@@ -55,7 +56,8 @@ class State:
         self.order: list[Record] = []
         self.by_module: dict[str, list[Record]] = {}
         self.by_copy: dict[str, list[Record]] = {}
-        self.finder: Finder | None = None
+        self.finder: Watching | None = None
+        self.waiting: Finder | None = None
         self.warned_versions: set[tuple[str, str]] = set()
         # True while the patch list waits for the first import of a target package (or a
         # report()); ``specs`` is what it will be (None: the built-in catalogue), and

@@ -27,6 +27,8 @@ def deactivate(state: "State") -> None:
     with state.lock:
         if state.order:
             messages = undo(state)
+        if state.waiting is not None:
+            state.waiting.uninstall()
         if state.finder is not None:
             state.finder.uninstall()
         effects = sys.modules.get("npu_compat._effects")

@@ -41,11 +41,13 @@ def test_npu_activation_loads_four_modules_and_reads_no_patch_list() -> None:
         import npu_compat
         device = npu_compat.activate()
         loaded = sorted(set(sys.modules) - before)
-        finder = sys.meta_path[0]
+        finder, watcher = sys.meta_path[:2]
         rep = npu_compat.report()
         print(json.dumps({
-            "device": device, "loaded": loaded, "finder": type(finder).__name__,
-            "not_in_original_list": finder not in original, "again": npu_compat.activate(),
+            "device": device, "loaded": loaded, "finders_in_front": [type(finder).__name__, type(watcher).__name__],
+            "waiting_from": type(finder).__module__, "waiting_after_report": finder in sys.meta_path,
+            "not_in_original_list": finder not in original and watcher not in original,
+            "again": npu_compat.activate(),
             "finders": sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path),
             "ids": [r["id"] for r in rep], "statuses": sorted({r["status"] for r in rep}),
             "reasons_ok": all(r["reason"] == "waiting for " + r["target"].partition(":")[0] + " to be imported"
@@ -58,7 +60,9 @@ def test_npu_activation_loads_four_modules_and_reads_no_patch_list() -> None:
     out = last_json(proc)
     assert out["device"] == out["again"] == "npu"
     assert out["loaded"] == ["npu_compat", "npu_compat._activation", "npu_compat._env", "npu_compat._state"]
-    assert out["finder"] == "PostImportFinder" and out["finders"] == 1
+    # the start-up module's waiting finder in front of the engine's; report() read the list, and so ended the wait
+    assert out["finders_in_front"] == ["Waiting", "PostImportFinder"] and out["finders"] == 1
+    assert out["waiting_from"] == "_npu_compat_precheck" and not out["waiting_after_report"]
     assert out["not_in_original_list"]
     # report() reads the catalogue: every declared patch, pending
     assert out["catalogue_read"]

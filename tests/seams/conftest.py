@@ -92,6 +92,7 @@ print(json.dumps({
     "loaded": sorted(m for m in sys.modules if m.startswith("npu_compat")),
     "npu_compat_file": getattr(sys.modules.get("npu_compat"), "__file__", None),
     "finders": [type(f).__name__ for f in sys.meta_path],
+    "start_waiting": getattr(boot, "_WAITING", None) in sys.meta_path,
 }))
 """
 
