@@ -246,7 +246,7 @@ def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory
 
 
 @pytest.mark.skipif(not REL_052, reason="trinity-rft 0.5.2's own weight sync (stack c)")
-@pytest.mark.beyond_ci  # 5 min on stack c, over CI's budget: stack b runs the whole run in CI
+@pytest.mark.beyond_ci  # 5 min on stack c, over CI's budget: stack a runs the whole run in CI
 def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     tmp_path: Path, tiny_model: Path
 ) -> None:
