@@ -16,6 +16,19 @@ Every problem that would break a run is an ``error`` with the fix in its message
 status 1; ``warning`` and ``note`` lines never do.
 """
 
-from .cli import diagnose, main
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .cli import diagnose, main
 
 __all__ = ["diagnose", "main"]
+
+
+def __getattr__(name: str) -> object:
+    # diagnose and main are the command line's, loaded on first use: importing one part of the
+    # package (``check``, ``source``) runs this file first, and must not load every other part
+    if name not in __all__:
+        raise AttributeError(f"module 'npu_compat.doctor' has no attribute {name!r}")
+    __import__("npu_compat.doctor.cli")
+    return getattr(sys.modules["npu_compat.doctor.cli"], name)
