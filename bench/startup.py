@@ -257,24 +257,25 @@ def _selected(only: str | None) -> set[str] | None:
         chosen |= more
 
 
+def _take(argv: list[str], option: str, what: str) -> str | None:
+    """The value after ``option`` in ``argv`` (both removed from it), or None where it is absent."""
+    if option not in argv:
+        return None
+    at = argv.index(option)
+    if at + 1 >= len(argv):
+        sys.exit(f"{option} needs {what}")
+    value = argv[at + 1]
+    del argv[at : at + 2]
+    return value
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if "-h" in argv or "--help" in argv:
         print(USAGE.format(names=", ".join(FLOORS)), end="")
         return
-    only = before = None
-    if "--before" in argv:
-        at = argv.index("--before")
-        if at + 1 >= len(argv):
-            sys.exit("--before needs a commit of this repository")
-        before = argv[at + 1]
-        del argv[at : at + 2]
-    if "--only" in argv:
-        at = argv.index("--only")
-        if at + 1 >= len(argv):
-            sys.exit("--only needs a list of variant names")
-        only = argv[at + 1]
-        del argv[at : at + 2]
+    before = _take(argv, "--before", "a commit of this repository")
+    only = _take(argv, "--only", "a list of variant names")
     args = [a for a in argv if not a.startswith("--")]
     rounds = int(args[0]) if args else 200
     chosen = _selected(only)
