@@ -44,8 +44,8 @@ def start(via: str) -> str:
             raise
         sys.stderr.write(f"npu_compat: {exc}; this process runs without npu-compat\n")
         return "error"
-    if device != "off" and reports:
-        _reportfile.attach()
+    if device not in ("off", "npu") and reports:
+        _reportfile.attach()  # an npu activation has attached it already (npu_compat.activate())
     return device
 
 

@@ -193,7 +193,8 @@ def is_true(value: "str | None") -> bool:
 
 
 def is_false(value: "str | None") -> bool:
-    return value is not None and value.strip().lower() in FALSE_VALUES
+    answer: bool = startup.is_false(value)  # the pre-check's own reading of an off switch
+    return answer
 
 
 _SIZE_UNITS = {
