@@ -302,17 +302,23 @@ def check_connect_timeout(
 
 
 def _port_range_problem(value: str) -> str | None:
-    """What is wrong with a value of an HCCL socket port range (``auto``, or ports and ``first-last``
-    ranges separated by commas), or None."""
-    if value.strip().lower() == "auto":
+    """What is wrong with a value of an HCCL socket port range, or None: CANN takes ``auto``, or
+    ports (1-65535) and ``first-last`` ranges separated by commas that do not overlap."""
+    if value.strip() == "auto":
         return None
-    for part in value.split(","):
-        first, _, last = part.strip().partition("-")
+    taken: list[tuple[int, int, str]] = []
+    for part in (p.strip() for p in value.split(",")):
+        first, _, last = part.partition("-")
         ports = [first, last] if last else [first]
         if not all(p.strip().isdigit() and 0 < int(p) <= 65535 for p in ports):
-            return f"{part.strip()!r} is neither a port nor a first-last range of ports"
-        if last and int(first) > int(last):
-            return f"{part.strip()!r} ends before it starts"
+            return f"{part!r} is neither a port nor a first-last range of ports"
+        low, high = int(first), int(last or first)
+        if low > high:
+            return f"{part!r} ends before it starts"
+        clash = [name for a, b, name in taken if low <= b and a <= high]
+        if clash:
+            return f"{part!r} overlaps {clash[0]!r}"
+        taken.append((low, high, part))
     return None
 
 

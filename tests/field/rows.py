@@ -168,6 +168,11 @@ ROWS: tuple[Row, ...] = (
         "Processes on one NPU or host bind the same HCCL ports",
         (
             Source(
+                "CANN 8.5 environment variable reference, HCCL_HOST_SOCKET_PORT_RANGE",
+                "processes sharing one NPU should set it, or may fail on port conflicts; it takes ports and "
+                "non-overlapping first-last ranges separated by commas, or auto (the OS picks)",
+            ),
+            Source(
                 "alibaba/ROLL#421",
                 "colocate mode (train, infer and reference on the same NPUs) fails to bind; fixed by "
                 "HCCL_HOST_SOCKET_PORT_RANGE=auto and HCCL_NPU_SOCKET_PORT_RANGE=auto",

@@ -77,6 +77,10 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
             ["'61000-60000' ends before it starts"],
         ),
         (
+            {"NPU_COMPAT_DEVICE": "npu", "HCCL_HOST_SOCKET_PORT_RANGE": "60000-60010,60005"},
+            ["'60005' overlaps '60000-60010'"],
+        ),
+        (
             {"NPU_COMPAT_DEVICE": "npu", "HCCL_NPU_SOCKET_PORT_RANGE": "60000,any"},
             ["'any' is neither a port nor a first-last range of ports", "Fix: auto"],
         ),
