@@ -58,7 +58,7 @@ TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 DEV_DIR = "/dev"
 #: The top-level packages of every module the built-in catalogue patches (``npu_compat._catalog``;
 #: tests/engine keeps them equal): the first import of one finishes a waiting start.
-PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm"})
+PACKAGES = frozenset({"ray", "torch", "trinity", "verl", "vllm", "vllm_ascend"})
 
 #: Variables whose mere presence means npu-compat has something to do here.
 _HINTS = (SIMULATE, REPORT_DIR, ASCEND_VISIBLE_DEVICES, *ASCEND_TOOLKIT_VARS)

@@ -158,6 +158,22 @@ VLLM_SPECS = (
     ),
 )  # fmt: skip
 
+# -- vllm-ascend ---------------------------------------------------------------------------------------
+VLLM_ASCEND_SPECS = (
+    PatchSpec(
+        "vllm_ascend.pyhccl.library_required",
+        "vllm_ascend.distributed.device_communicators.pyhccl:PyHcclCommunicator.__init__",
+        distribution="vllm-ascend", versions=">=0.18,<0.24",
+        wrapper=_P + "vllm_ascend_pyhccl:loud_when_disabled",
+        expects=["group", "device", "library_path"],
+        why="a PyHcclCommunicator that cannot load libhccl.so (or HCCL_SO_PATH) disables itself without an "
+        "error, and each broadcast then does nothing: Trinity's HCCL weight sync would leave the rollout "
+        "on its old weights. Such a communicator of more than one rank is now an error naming the library",
+        upstream_fix="vllm-ascend raising where the HCCL library is missing on an NPU host",
+        remove_when="the released PyHcclCommunicator fails loudly itself",
+    ),
+)  # fmt: skip
+
 # -- torch.compile (rows A26, B29) ---------------------------------------------------------------------
 _NO_NPU_COMPILER = _P + "torch_compile:no_npu_compiler"
 COMPILE_SPECS = (
@@ -386,7 +402,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
 )  # fmt: skip
 
 SPECS: "tuple[PatchSpec, ...]" = (
-    *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *COMPILE_SPECS,
+    *TORCH_SPECS, *RAY_SPECS, *VLLM_SPECS, *VLLM_ASCEND_SPECS, *COMPILE_SPECS,
     *TRINITY_SPECS, *TRINITY_060_SPECS, *TRINITY_052_SPECS, *TRINITY_DEVICE_SETTINGS_SPECS,
 )  # fmt: skip
 

@@ -123,6 +123,16 @@ ASCEND_TOOLKIT_VARS: "tuple[str, ...]" = startup.ASCEND_TOOLKIT_VARS
 HCCL_EXEC_TIMEOUT = "HCCL_EXEC_TIMEOUT"
 HCCL_EXEC_TIMEOUT_DEFAULT_S = 1836
 
+#: torch_npu's caching-allocator settings (``key:value`` pairs separated by commas; torch_npu's, not
+#: ours): ``expandable_segments:True`` with ``max_split_size_mb`` or ``garbage_collection_threshold`` is
+#: refused when the allocator reads them.  Checked by ``doctor``.
+PYTORCH_NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
+
+#: The HCCL library vllm-ascend's ``PyHcclCommunicator`` loads (vllm-ascend's, not ours): a path, else
+#: ``libhccl.so`` found on the library path CANN's ``set_env.sh`` sets.  Checked by ``doctor``.
+HCCL_SO_PATH = "HCCL_SO_PATH"
+HCCL_LIBRARY_DEFAULT = "libhccl.so"
+
 # HCCL's sockets (CANN's, not ours), checked by ``doctor``.
 #: How long an HCCL communicator waits for its peers' sockets while it is built, in seconds (CANN's default
 #: 120, valid 120-7200): a peer that joins later fails with EI0006.
@@ -135,6 +145,8 @@ HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
 HCCL_HOST_SOCKET_PORT_RANGE = "HCCL_HOST_SOCKET_PORT_RANGE"
 HCCL_NPU_SOCKET_PORT_RANGE = "HCCL_NPU_SOCKET_PORT_RANGE"
 HCCL_IF_BASE_PORT = "HCCL_IF_BASE_PORT"
+#: The host address HCCL's root rank listens on (CANN's); the simulated HCCL's root uses it, else loopback.
+HCCL_IF_IP = "HCCL_IF_IP"
 
 # Ray's (not ours), checked by ``doctor``.
 #: Set, Ray leaves ``ASCEND_RT_VISIBLE_DEVICES`` as it found it instead of narrowing it to each actor's NPUs.

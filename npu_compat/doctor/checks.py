@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
-from .. import _env
+from .. import _env, _hccl_library
 from .._errors import ConfigError
 from .._versions import installed_version
 from .findings import Diagnosis
@@ -177,6 +177,8 @@ def check_ascend(d: Diagnosis, decision: _env.Decision | None, environ: dict[str
         )
     else:
         record(_env.TORCH_AUTOLOAD, "ok", "not 0 (torch_npu loads with torch)")
+    check_allocator_conf(d, on_npu, environ, record)
+    check_hccl_library(d, on_npu, environ, record)
     check_exec_timeout(d, on_npu, environ, record)
     check_connect_timeout(d, on_npu, environ, record)
     check_socket_ports(d, on_npu, environ, record)
@@ -242,6 +244,94 @@ TRINITY_SYNC_TIMEOUT_DROPPED = (
     "trinity.trainer.verl.workers:TrinityActorRolloutRefWorker.setup_weight_sync_group takes "
     "synchronizer.sync_timeout and does not pass it on"
 )
+
+
+def _allocator_options(value: str) -> list[tuple[str, str]]:
+    """``key:value`` pairs of an allocator setting, spaces dropped, a bracketed list kept whole."""
+    pairs, depth, item = [], 0, ""
+    for char in value.replace(" ", "") + ",":
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            if item:
+                key, _, val = item.partition(":")
+                pairs.append((key, val))
+            item = ""
+        else:
+            item += char
+    return pairs
+
+
+#: torch_npu's words where it refuses the combination (``CachingAllocatorConfig::parseArgs``, 6.0.0 on)
+EXPANDABLE_WITH_SPLIT = (
+    "`max_split_size_mb` or `garbage_collection_threshold`, cannot be enabled with `expandable_segments`, "
+    "please set `expandable_segments` to `False`."
+)
+
+
+def allocator_conf_problem(value: str) -> str | None:
+    """What torch_npu's allocator refuses in a ``PYTORCH_NPU_ALLOC_CONF`` value, in its words; ``None`` if
+    nothing.  Its parser reads every pair, then checks the combination, so the order does not matter."""
+    options = dict(_allocator_options(value))
+    expandable = options.get("expandable_segments")
+    if expandable is not None and expandable not in ("True", "False"):
+        return (
+            f"expandable_segments:{expandable}: Expected a single True/False argument for expandable_segments"
+        )
+    threshold = options.get("garbage_collection_threshold", "0")
+    try:
+        collects = float(threshold) != 0
+    except ValueError:
+        collects = True
+    if expandable == "True" and ("max_split_size_mb" in options or collects):
+        return EXPANDABLE_WITH_SPLIT
+    return None
+
+
+def check_allocator_conf(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """``PYTORCH_NPU_ALLOC_CONF``: a combination torch_npu's allocator refuses fails the first NPU allocation
+    of every process that inherits it (field failure F8)."""
+    name = _env.PYTORCH_NPU_ALLOC_CONF
+    value = environ.get(name)
+    if value is None:
+        record(name, "ok", "unset (torch_npu's defaults)")
+        return
+    problem = allocator_conf_problem(value)
+    if problem is None:
+        record(name, "ok", value)
+        return
+    record(name, "bad", problem)
+    d.add(
+        "error" if on_npu else "warning",
+        f"{name}={value!r}: torch_npu refuses it at the first NPU allocation of each process that inherits "
+        f"it (RuntimeError: {problem}). Fix: drop max_split_size_mb and garbage_collection_threshold, or set "
+        "expandable_segments:False (vllm-ascend itself adds expandable_segments:True for an engine "
+        "without sleep mode, unless one of the others is set)",
+    )
+
+
+def check_hccl_library(
+    d: Diagnosis, on_npu: bool, environ: dict[str, str], record: Callable[[str, str, str], None]
+) -> None:
+    """The HCCL library vllm-ascend's ``PyHcclCommunicator`` loads: without it that communicator disables
+    itself, and a weight sync over it moves nothing (npu-compat's patch makes that an error in the run)."""
+    name = "HCCL library"
+    if not on_npu:
+        record(name, "n/a", "not an NPU decision")
+        return
+    path = _hccl_library.library(environ)
+    problem = _hccl_library.load_problem(path)
+    if problem is None:
+        record(name, "ok", f"{path} loads")
+        return
+    record(name, "bad", f"{path}: {problem}")
+    d.add(
+        "error",
+        f"the HCCL library {path!r} does not load here ({problem}). vllm-ascend's PyHcclCommunicator, which "
+        "carries Trinity's weight sync over HCCL, would disable itself and move no weight. "
+        f"Fix: {_hccl_library.how_to_fix(environ)}",
+    )
 
 
 def check_exec_timeout(

@@ -18,10 +18,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import subprocess
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 
 from .. import _env
+from ._npu_backend import libhccl
 from ._sites import SIM_SITE, all_sites, sites
 
 TOOLKIT_HOME = SIM_SITE / "Ascend"
@@ -48,6 +51,10 @@ def simulation_env(
     ``vllm_ascend="real"`` runs the released vllm-ascend's own Python (laid out by ``python -m
     npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's copy; None keeps ``environ``'s setting
     (default the stand-in).  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
+
+    As CANN's ``set_env.sh`` puts the toolkit's ``lib64`` there, ``LD_LIBRARY_PATH`` starts with the directory
+    of the ``libhccl.so`` stand-in, which is built here if this host has not built it yet (a C++ compiler
+    and the Python headers; without them it is left out, with a warning, and the HCCL library is missing).
     """
     env = dict(os.environ if environ is None else environ)
     env[_env.SIMULATE] = "1"
@@ -60,10 +67,26 @@ def simulation_env(
         env[_env.SIMULATE_VLLM_ASCEND] = vllm_ascend
     env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
     env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
+    _library_path_first(env)
     ours = all_sites()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
     env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in sites(env)), *paths])
     return env
+
+
+def _library_path_first(env: dict[str, str]) -> None:
+    try:
+        where = str(libhccl().parent)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        warnings.warn(
+            f"simulated Ascend: libhccl.so failed to build ({detail}); the HCCL library is missing",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    rest = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != where]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([where, *rest])
 
 
 def put_sites_first(environ: Mapping[str, str]) -> None:

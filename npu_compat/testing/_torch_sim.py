@@ -26,10 +26,12 @@ import collections
 import contextlib
 import functools
 import os
+import re
 import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -862,6 +864,26 @@ def _is_hccl_available() -> bool:
     return True
 
 
+#: the libhccl.so stand-in, loaded at install as torch_npu's libraries load CANN's (None: not loaded)
+LIBHCCL: object = None
+
+
+def cann_version(environ: Mapping[str, str] | None = None) -> str:
+    """``torch.version.cann`` as torch_npu sets it at import (``utils/collect_env.get_cann_version``): the
+    ``version=`` line of the first ``ascend_*_install.info`` under ``ASCEND_HOME_PATH``, else ``"not known"``.
+    Where ``ASCEND_HOME_PATH`` is unset the real one walks the working directory; this one does not."""
+    home = (os.environ if environ is None else environ).get("ASCEND_HOME_PATH", "")
+    if home:
+        for where, _, files in os.walk(os.path.realpath(home)):
+            for name in files:
+                if re.match(r"ascend_.*_install\.info", name):
+                    for line in Path(where, name).read_text(errors="replace").splitlines():
+                        if "version" in line:
+                            return line.strip().split("=")[-1]
+                    return "not known"
+    return "not known"
+
+
 def install() -> None:
     """Register ``npu`` and ``hccl`` with this process's torch.  Idempotent; cannot be undone."""
     global NATIVE
@@ -878,7 +900,10 @@ def install() -> None:
         npu.default_generators = ()  # type: ignore[attr-defined]  # torch_npu's until its first use
         atexit.register(_release_autograd_workers)
         _keep_counts_reported()
-        from ._npu_backend import VllmAscendCFinder
+        from ._npu_backend import VllmAscendCFinder, load_libhccl
+
+        global LIBHCCL
+        LIBHCCL = load_libhccl()
         from ._sites import paired_torch_defaults, runs_real_vllm_ascend
 
         if runs_real_vllm_ascend(os.environ):
@@ -888,6 +913,7 @@ def install() -> None:
             for name, value in paired_torch_defaults().items():
                 os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
     torch._register_device_module("npu", npu)
+    torch.version.cann = cann_version()  # as torch_npu's import sets it
     if NATIVE is None:
         for name, binding in _accelerator_bindings().items():
             setattr(torch._C, name, binding)

@@ -224,8 +224,10 @@ ROWS: tuple[Row, ...] = (
                 "EI0006 between separately started roles; HCCL_CONNECT_TIMEOUT=900 mitigates",
             ),
         ),
-        "not modelled: the simulated HCCL builds a group through torch's store with the caller's timeout, "
-        "as gloo does, and has no separate connect bound; doctor reads the setting as a real host has it",
+        "partly modelled: the simulated libhccl.so (vllm-ascend's PyHcclCommunicator, under the HCCL weight-"
+        "transfer engine) waits HCCL_CONNECT_TIMEOUT for a group's ranks, then fails with HCCL_E_TIMEOUT and "
+        "EI0006 (a beyond_ci test: 120 s is CANN's floor); the simulated hccl process group of torch.distributed "
+        "still builds through torch's store with the caller's timeout, as gloo does",
         "Trinity's weight-sync group is joined by the trainer and by every rollout engine, each once its "
         "model has loaded: more than 120 s apart on a real host, the first to arrive fails with EI0006",
         "doctor names it on an NPU host where HCCL_CONNECT_TIMEOUT is unset, with the fix (seconds from 120 "
@@ -236,6 +238,7 @@ ROWS: tuple[Row, ...] = (
             "tests/seams/test_doctor.py::"
             "test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet_once_set",
             "tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",
+            "tests/sim/test_real_pyhccl.py::test_a_rank_that_never_joins_fails_after_hccl_connect_timeout",
         ),
     ),
     Row(
@@ -270,5 +273,43 @@ ROWS: tuple[Row, ...] = (
             "tests/seams/test_doctor.py::"
             "test_ray_leaving_the_visible_devices_alone_is_fine_where_they_are_numbered_from_0",
         ),
+    ),
+    Row(
+        "F8",
+        "Expandable segments with max_split_size_mb or garbage_collection_threshold in PYTORCH_NPU_ALLOC_CONF",
+        (
+            Source(
+                "Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp",
+                "CachingAllocatorConfig::parseArgs (6.0.0 on; NPUAllocatorConfig.cpp in newer branches) reads "
+                "every pair, then TORCH_CHECKs: max_split_size_mb or garbage_collection_threshold cannot be "
+                "enabled with expandable_segments; expandable_segments takes True or False only",
+            ),
+            Source(
+                "Ascend/pytorch docs/zh/environment_variable_reference/PYTORCH_NPU_ALLOC_CONF.md",
+                "where max_split_size_mb or garbage_collection_threshold is not its default, "
+                "expandable_segments must be False",
+            ),
+            Source(
+                "vllm-project/vllm-ascend#5855",
+                "vllm-ascend (0.14.0rc1 on) appends expandable_segments:True to PYTORCH_NPU_ALLOC_CONF for an "
+                "engine without sleep mode, unless it already holds expandable_segments, max_split_size_mb "
+                "or garbage_collection_threshold",
+            ),
+            Source(
+                "vllm-project/vllm-ascend#4246",
+                "max_split_size_mb:256 ran out of memory; expandable_segments:True was suggested instead",
+            ),
+        ),
+        "not modelled: the simulated allocator does not read PYTORCH_NPU_ALLOC_CONF; doctor applies torch_npu's "
+        "rule as its source gives it (the error's moment, the allocator's first read, is from the code, not a "
+        "run)",
+        "a user who adds expandable_segments:True to an environment that already sets max_split_size_mb (or "
+        "the reverse, for fragmentation) gets a RuntimeError in every trainer and rollout process at its "
+        "first NPU allocation",
+        "doctor makes it an error on an NPU host, in torch_npu's words, with the fix; a lowercase true is an "
+        "error too, as torch_npu refuses it",
+        DOCTOR,
+        "doctor: PYTORCH_NPU_ALLOC_CONF",
+        ("tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",),
     ),
 )

@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from npu_compat.testing._npu_backend import libhccl
+
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "npu_compat" / "_launcher_site"
 
@@ -44,6 +46,18 @@ def child_env(
         env["NPU_COMPAT_AUTO"] = "0"
     env.update(extra or {})
     return env
+
+
+def healthy_npu_host(tmp_path: Path) -> dict[str, str]:
+    """An NPU host's variables with CANN's environment sourced: a toolkit directory, and on the library path
+    a ``libhccl.so`` (the simulated Ascend's, built here, standing in for the toolkit's ``lib64``)."""
+    toolkit = tmp_path / "Ascend"
+    toolkit.mkdir()
+    return {
+        "ASCEND_RT_VISIBLE_DEVICES": "0,1",
+        "ASCEND_TOOLKIT_HOME": str(toolkit),
+        "LD_LIBRARY_PATH": str(libhccl().parent),
+    }
 
 
 def run(

@@ -13,7 +13,7 @@ from npu_compat import PatchSpec, _env
 from npu_compat.doctor import checks, plan, upstream
 from npu_compat.doctor.findings import Diagnosis
 
-from .conftest import child_env, last_json, py, run
+from .conftest import child_env, healthy_npu_host, last_json, py, run
 
 DOCTOR = [sys.executable, "-m", "npu_compat", "doctor"]
 
@@ -81,6 +81,24 @@ def test_a_plain_cpu_host_is_fine_and_nothing_is_imported() -> None:
             ["'60005' overlaps '60000-60010'"],
         ),
         (
+            {
+                "NPU_COMPAT_DEVICE": "npu",
+                "PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:256,expandable_segments:True",
+            },
+            ["cannot be enabled with `expandable_segments`", "Fix: drop max_split_size_mb"],
+        ),
+        (
+            {
+                "NPU_COMPAT_DEVICE": "npu",
+                "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True, garbage_collection_threshold:0.6",
+            },
+            ["PYTORCH_NPU_ALLOC_CONF", "please set `expandable_segments` to `False`"],
+        ),
+        (
+            {"NPU_COMPAT_DEVICE": "npu", "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:true"},
+            ["Expected a single True/False argument for expandable_segments"],
+        ),
+        (
             {"NPU_COMPAT_DEVICE": "npu", "HCCL_NPU_SOCKET_PORT_RANGE": "60000,any"},
             ["'any' is neither a port nor a first-last range of ports", "Fix: auto"],
         ),
@@ -98,15 +116,29 @@ def test_what_would_break_a_run_exits_1_with_the_fix(
 
 
 def test_a_healthy_simulated_ascend_host_passes(tmp_path: Path) -> None:
-    toolkit = tmp_path / "Ascend"
-    toolkit.mkdir()
-    env = child_env({"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)})
+    env = child_env(healthy_npu_host(tmp_path) | {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"})
     proc = run([*DOCTOR, "--json"], env, check=False)
     out = json.loads(proc.stdout)
     assert out["decision"]["device"] == "npu"
     assert out["activation"]["effective"]
     assert out["ok"] and proc.returncode == 0, out["findings"]
     assert {c["status"] for c in out["ascend"]} == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("expandable_segments:True", False),
+        ("expandable_segments:False,max_split_size_mb:256", False),
+        ("roundup_power2_divisions:[256:1,512:2], expandable_segments:True", False),
+        ("expandable_segments:True,garbage_collection_threshold:0", False),
+        ("max_split_size_mb:128,expandable_segments:True", True),  # read in any order
+        ("expandable_segments : True,garbage_collection_threshold:0.8", True),  # spaces dropped
+        ("expandable_segments:true", True),
+    ],
+)
+def test_the_allocator_setting_is_refused_as_torch_npus_parser_refuses_it(value: str, refused: bool) -> None:
+    assert (checks.allocator_conf_problem(value) is not None) is refused
 
 
 def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() -> None:
@@ -134,15 +166,36 @@ def test_a_simulated_host_near_its_memory_is_a_warning_that_names_the_cause() ->
     assert checks.host_memory("/nonexistent/meminfo") is None
 
 
+def test_an_hccl_library_that_does_not_load_is_an_error_on_npu_naming_the_fix(tmp_path: Path) -> None:
+    """vllm-ascend's PyHcclCommunicator disables itself where libhccl.so (or HCCL_SO_PATH) does not load,
+    and Trinity's weight sync over it then moves nothing: doctor names the library, the loader's words and
+    the fix; with the library on the path it is quiet; on a CPU host it is not checked."""
+    npu = healthy_npu_host(tmp_path)
+    fine = json.loads(run([*DOCTOR, "--json"], child_env(npu), check=False).stdout)
+    assert {"check": "HCCL library", "status": "ok", "detail": "libhccl.so loads"} in fine["ascend"]
+    unsourced = json.loads(
+        run([*DOCTOR, "--json"], child_env(npu | {"LD_LIBRARY_PATH": ""}), check=False).stdout
+    )
+    [error] = [f["message"] for f in unsourced["findings"] if "HCCL library" in f["message"]]
+    assert not unsourced["ok"] and "'libhccl.so' does not load here" in error and "cannot open" in error
+    assert "source CANN's set_env.sh" in error and "would disable itself and move no weight" in error
+    wrong = str(tmp_path / "nowhere" / "libhccl.so")
+    pointed = json.loads(
+        run([*DOCTOR, "--json"], child_env(npu | {"HCCL_SO_PATH": wrong}), check=False).stdout
+    )
+    [error] = [f["message"] for f in pointed["findings"] if "HCCL library" in f["message"]]
+    assert wrong in error and "point HCCL_SO_PATH at CANN's libhccl.so" in error
+    cpu = json.loads(run([*DOCTOR, "--json"], child_env({"HCCL_SO_PATH": wrong}), check=False).stdout)
+    assert {"check": "HCCL library", "status": "n/a", "detail": "not an NPU decision"} in cpu["ascend"]
+
+
 def test_an_unset_hccl_exec_timeout_is_a_note_on_npu_naming_trinitys_unbounded_weight_sync(
     tmp_path: Path,
 ) -> None:
     """Trinity's weight sync over HCCL passes no timeout, so HCCL_EXEC_TIMEOUT is its only bound (the
     weight-sync fault of tests/faults): unset, doctor says so on an NPU host, with the line and the fix;
     set, it is quiet; on a CPU host it says nothing."""
-    toolkit = tmp_path / "Ascend"
-    toolkit.mkdir()
-    npu = {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)}
+    npu = healthy_npu_host(tmp_path)
     unset = json.loads(run([*DOCTOR, "--json"], child_env(npu), check=False).stdout)
     notes = [f["message"] for f in unset["findings"] if "HCCL_EXEC_TIMEOUT" in f["message"]]
     assert len(notes) == 1 and unset["ok"], unset["findings"]
@@ -167,9 +220,7 @@ def test_hccls_connect_timeout_and_socket_ports_unset_are_notes_on_npu_and_quiet
     HCCL_CONNECT_TIMEOUT apart (EI0006), and processes on one NPU or host binding HCCL's default ports
     (EJ0003; Trinity's colocate mode). Unset on an NPU host, doctor names each with its fix; set, it
     is quiet; on a CPU host it says nothing."""
-    toolkit = tmp_path / "Ascend"
-    toolkit.mkdir()
-    npu = {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "ASCEND_TOOLKIT_HOME": str(toolkit)}
+    npu = healthy_npu_host(tmp_path)
     unset = json.loads(run([*DOCTOR, "--json"], child_env(npu), check=False).stdout)
     [connect] = [f["message"] for f in unset["findings"] if "HCCL_CONNECT_TIMEOUT" in f["message"]]
     [ports] = [f["message"] for f in unset["findings"] if "HCCL_HOST_SOCKET_PORT_RANGE" in f["message"]]

@@ -14,12 +14,14 @@ version and a hash of the sources, under a file lock: many processes starting at
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -34,6 +36,8 @@ NAME = "npu_compat_npu_backend"
 CSRC = Path(__file__).resolve().with_name("csrc")
 #: The vllm_ascend_C stand-in's source: a library of its own, loaded where vllm-ascend imports it.
 VLLM_ASCEND_C = Path(__file__).resolve().with_name("vllm_ascend_C")
+#: The libhccl.so stand-in's source: HCCL's C entry points, which hand each call to ``_libhccl``.
+LIBHCCL = Path(__file__).resolve().with_name("libhccl")
 CFLAGS = ("-O2",)
 
 _module: types.ModuleType | None = None
@@ -184,6 +188,51 @@ def vllm_ascend_c() -> Path:
     return so
 
 
+def libhccl_dir() -> Path:
+    """Where the libhccl.so stand-in is built: keyed by this Python and its source, not by torch (it uses
+    the Python headers alone), so that a simulated host's library path can name it before torch loads."""
+    digest = hashlib.sha256((LIBHCCL / "hccl.cpp").read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    return cache_root() / f"libhccl-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+
+
+def libhccl() -> Path:
+    """The libhccl.so stand-in, built first if this host has not built it yet: one C++ file against the Python
+    headers, with the SONAME ``libhccl.so``: found by that name on a simulated host's ``LD_LIBRARY_PATH``
+    (as CANN's ``set_env.sh`` puts its own there), and by ``ctypes.CDLL("libhccl.so")`` once loaded
+    (:func:`load_libhccl`)."""
+    where = libhccl_dir()
+    so = where / "libhccl.so"
+    if not (where / "built").is_file():
+        with _locked(where.with_name(where.name + ".lock")):
+            if not (where / "built").is_file():
+                where.mkdir(parents=True, exist_ok=True)
+                include = sysconfig.get_paths()["include"]
+                partial = where / f"libhccl.so.{os.getpid()}"
+                subprocess.run(
+                    [os.environ.get("CXX", "c++"), "-shared", "-fPIC", *CFLAGS, f"-I{include}",
+                     "-Wl,-soname,libhccl.so", str(LIBHCCL / "hccl.cpp"), "-o", str(partial)],
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                partial.replace(so)
+                (where / "built").write_text("built\n")
+    return so
+
+
+def load_libhccl() -> ctypes.CDLL | None:
+    """Load the libhccl.so stand-in into this process, as torch_npu's libraries load CANN's: afterwards
+    ``ctypes.CDLL("libhccl.so")`` (vllm-ascend's ``find_hccl_library`` without ``HCCL_SO_PATH``) finds it.
+    ``None``, with a warning, where it cannot be built: the HCCL library is then missing, as on a host without
+    CANN's."""
+    try:
+        return ctypes.CDLL(str(libhccl()), mode=ctypes.RTLD_GLOBAL)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        warnings.warn(
+            f"simulated Ascend: libhccl.so failed to build or load ({detail})", RuntimeWarning, stacklevel=2
+        )
+        return None
+
+
 class VllmAscendCFinder:
     """Finds ``vllm_ascend.vllm_ascend_C`` -- the compiled library a real vllm-ascend ships, left out of
     the simulated host's layout -- as the stand-in library (:func:`vllm_ascend_c`), built on first import.
@@ -214,13 +263,17 @@ def failure() -> str | None:
 
 __all__ = [
     "CSRC",
+    "LIBHCCL",
     "NAME",
     "VLLM_ASCEND_C",
     "VllmAscendCFinder",
     "build_dir",
     "cache_root",
     "failure",
+    "libhccl",
+    "libhccl_dir",
     "load",
+    "load_libhccl",
     "missing_tools",
     "sources",
     "vllm_ascend_c",
