@@ -86,6 +86,11 @@ def BODY(torch, rank, port):
 """
 
 
+@pytest.mark.skipif(
+    RELEASE != "0.18.0",
+    reason="0.23.0.post1's pyhccl.py and pyhccl_wrapper.py differ from 0.18.0's in a no-op branch and a log line; "
+    "its HCCLWeightTransferEngine test broadcasts through them",
+)
 def test_the_real_communicator_broadcasts_and_reduces_between_two_npus_over_the_simulated_libhccl(
     tmp_path: Path,
 ) -> None:
@@ -113,6 +118,11 @@ def BODY(torch, rank, port):
 """
 
 
+@pytest.mark.skipif(
+    RELEASE != "0.23.0.post1",
+    reason="Trinity's weight sync reaches PyHcclCommunicator on 0.6 with vllm-ascend 0.23 (stack a); 0.18.0's "
+    "constructor disables itself the same way (it ran here once)",
+)
 def test_a_communicator_without_its_library_moves_nothing_stock_and_is_an_error_with_npu_compat(
     tmp_path: Path,
 ) -> None:
