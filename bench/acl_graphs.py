@@ -56,8 +56,9 @@ if __name__ == "__main__":
 """
 
 
-def run(eager: bool, rounds: int) -> dict[str, list[float]]:
-    env = simulation_env(1, vllm_ascend="real")
+def run(eager: bool, rounds: int, vllm_ascend: str = "real") -> dict[str, list[float]]:
+    """One engine in its own simulated-Ascend process, on ``vllm_ascend`` (``real`` or ``stand-in``)."""
+    env = simulation_env(1, vllm_ascend=vllm_ascend)
     env.update(
         BENCH_REPO=str(REPO), BENCH_EAGER="1" if eager else "0", BENCH_ROUNDS=str(rounds),
         VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn",
@@ -68,7 +69,8 @@ def run(eager: bool, rounds: int) -> dict[str, list[float]]:
         )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
-        raise SystemExit(f"the {'eager' if eager else 'graph'} engine failed:\n{proc.stderr[-4000:]}")
+        mode = "eager" if eager else "graph"
+        raise SystemExit(f"the {mode} engine on the {vllm_ascend} vllm-ascend failed:\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 

@@ -18,7 +18,7 @@ from tests.engine import stress
 
 #: Rounds per run: the modes in turn (plain, cycle, fork), seeds counting up from 0.
 SYNTHETIC_ROUNDS = 60
-CATALOGUE_ROUNDS = 4
+CATALOGUE_ROUNDS = 2  # each of stress.CATALOGUE_MODES once; more: python -m tests.engine.stress
 
 
 def run(

@@ -26,6 +26,9 @@ pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
     pytest.mark.many_processes,  # vLLM's engine core and its worker processes (npu_backend.vllm_engine_run)
+    # the stand-in's LoRA (2-3 minutes, mostly its engine's start), by hand for CI's time, like Trinity's
+    # LoRA run (tests/e2e/test_lora.py)
+    pytest.mark.beyond_ci,
 ]
 
 PROMPTS = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
