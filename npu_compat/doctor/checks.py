@@ -325,7 +325,7 @@ def check_hccl_library(
     if problem is None:
         record(name, "ok", f"{path} loads")
         return
-    record(name, "bad", f"{path}: {problem}")
+    record(name, "bad", problem if path in problem else f"{path}: {problem}")
     d.add(
         "error",
         f"the HCCL library {path!r} does not load here ({problem}). vllm-ascend's PyHcclCommunicator, which "
