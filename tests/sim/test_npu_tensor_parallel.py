@@ -22,6 +22,10 @@ pytestmark = [
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
     pytest.mark.many_processes,  # vLLM's engine core and its worker processes (npu_backend.vllm_engine_run)
+    # the stand-in's TP 2 (3 minutes, mostly its engines' start), by hand for CI's time, like the rollout shapes
+    # that use it (tests/e2e/test_rollout_shapes.py): CI runs TP 2 on the real vllm-ascend (stack c, vLLM's mp
+    # and Ray executors, tokens equal to transformers')
+    pytest.mark.beyond_ci,
 ]
 
 ENGINES = r"""
