@@ -74,12 +74,18 @@ def run(eager: bool, rounds: int, vllm_ascend: str = "real") -> dict[str, list[f
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+def rounds_on_stack_c() -> int:
+    """The rounds asked for (default 5), once this is a stack with vLLM 0.18 and vllm-ascend 0.18.0; the
+    engines are simulated hosts of their own, not this process."""
     vllm = _sites.installed_vllm()
     if vllm is None or _sites.vllm_ascend_release(vllm) != "0.18.0":
         raise SystemExit("needs vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c)")
     os.environ.pop("NPU_COMPAT_SIMULATE", None)
+    return int(sys.argv[1]) if len(sys.argv) > 1 else 5
+
+
+def main() -> None:
+    rounds = rounds_on_stack_c()
     eager, graph = run(True, rounds), run(False, rounds)
     e, g = statistics.median(eager["rates"]), statistics.median(graph["rates"])
     print(f"eager:      {e:8.1f} tokens/s (median of {rounds})")

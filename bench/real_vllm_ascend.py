@@ -14,24 +14,17 @@ simulated run, not what a device would do.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from acl_graphs import run
-
-from npu_compat.testing import _sites
+from acl_graphs import rounds_on_stack_c, run
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    vllm = _sites.installed_vllm()
-    if vllm is None or _sites.vllm_ascend_release(vllm) != "0.18.0":
-        raise SystemExit("needs vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c)")
-    os.environ.pop("NPU_COMPAT_SIMULATE", None)
+    rounds = rounds_on_stack_c()
     real, stand_in = run(True, rounds, "real"), run(True, rounds, "stand-in")
     r, s = statistics.median(real["rates"]), statistics.median(stand_in["rates"])
     print(f"real vllm-ascend 0.18.0: {r:8.1f} tokens/s (median of {rounds})")

@@ -277,20 +277,21 @@ def all_reduce(send: int, recv: int, count: int, data_type: int, op: int, comm: 
     return SUCCESS
 
 
-def get_rank_size(comm: int, out: int) -> int:
-    c = _communicator(comm, "HcclGetRankSize")
+def _answer(comm: int, out: int, call: str, field: str) -> int:
+    """``HcclGetRankSize`` / ``HcclGetRankId``: one of the communicator's numbers into ``*out`` (a uint32)."""
+    c = _communicator(comm, call)
     if c is None or not out:
         return E_PARA if c is None else E_PTR
-    ctypes.c_uint32.from_address(out).value = c.size
+    ctypes.c_uint32.from_address(out).value = getattr(c, field)
     return SUCCESS
+
+
+def get_rank_size(comm: int, out: int) -> int:
+    return _answer(comm, out, "HcclGetRankSize", "size")
 
 
 def get_rank_id(comm: int, out: int) -> int:
-    c = _communicator(comm, "HcclGetRankId")
-    if c is None or not out:
-        return E_PARA if c is None else E_PTR
-    ctypes.c_uint32.from_address(out).value = c.rank
-    return SUCCESS
+    return _answer(comm, out, "HcclGetRankId", "rank")
 
 
 def comm_destroy(comm: int) -> int:

@@ -42,8 +42,8 @@ from torch.distributed import ProcessGroup, ReduceOp
 from vllm.distributed.utils import StatelessProcessGroup
 from vllm.logger import logger
 
-from npu_compat import _env
 from npu_compat.testing._boundary import host_device
+from npu_compat.testing._libhccl import exec_timeout_s
 
 #: ``sizeof(HcclRootInfo)``: the real ``hcclUniqueId`` is ``ctypes.c_byte * 4108``.
 HCCL_UNIQUE_ID_BYTES = 4108
@@ -85,14 +85,6 @@ def _reduce(parts: list[Any], op: Any) -> Any:
         else:
             result = torch.minimum(result, part)
     return result
-
-
-def exec_timeout_s() -> float:
-    """``HCCL_EXEC_TIMEOUT`` in seconds, or HCCL's default where it is unset or not a number."""
-    try:
-        return float(os.environ[_env.HCCL_EXEC_TIMEOUT])
-    except (KeyError, ValueError):
-        return float(_env.HCCL_EXEC_TIMEOUT_DEFAULT_S)
 
 
 def _check_device(comm: "PyHcclCommunicator", tensor: torch.Tensor) -> None:
