@@ -34,6 +34,9 @@ from npu_compat.testing._ray import _free_port
 
 PENDING_AFTER_S = float(os.environ.get("PROBE_PENDING_AFTER_S", "8"))
 SCHEDULE_TIMEOUT_S = 120.0  # an actor that *is* schedulable still has to import vLLM
+#: this run's Ray namespace: the three modes run side by side on one cluster, and Trinity's named actors
+#: must not meet another run's
+NAMESPACE = f"probe-{uuid.uuid4().hex[:8]}"
 
 
 class Pending(Exception):
@@ -44,9 +47,7 @@ def _ray() -> Any:
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            address=os.environ["RAY_ADDRESS"], namespace=f"probe-{uuid.uuid4().hex[:8]}", log_to_driver=False
-        )
+        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE, log_to_driver=False)
     return ray
 
 
@@ -118,7 +119,7 @@ def _explorer_config() -> Any:
     cfg.name = f"probe_{uuid.uuid4().hex[:6]}"
     model = cfg.rollout_model
     model.engine_num, model.gpu_per_engine, model.nnodes, model.tensor_parallel_size = 1, 1, 1, 1
-    model.ray_namespace = "probe"
+    model.ray_namespace = NAMESPACE
     _sampling_defaults(model)
     return cfg
 
@@ -165,7 +166,7 @@ def probe_A5() -> dict[str, Any]:
         )
     # end to end: the rollout actor create_all_models went on to start sits in an NPU bundle
     ray = _ray()
-    actor = ray.get_actor(allocator.get_actor_name("rollout", 0, 0), namespace="probe")
+    actor = ray.get_actor(allocator.get_actor_name("rollout", 0, 0), namespace=NAMESPACE)
     try:
         state["rollout_actor"] = _actor_resources(actor, SCHEDULE_TIMEOUT_S)
     finally:
@@ -381,7 +382,7 @@ def init_info(port: int, world_size: int) -> Any:
 
     return CheckpointWeightTransferInitInfo(
         master_address="127.0.0.1", master_port=port, rank_offset=0, world_size=world_size,
-        sync_method="checkpoint", namespace="probe",
+        sync_method="checkpoint", namespace=NAMESPACE,
     )  # fmt: skip
 
 
@@ -467,7 +468,7 @@ def probe_A14() -> dict[str, Any]:
             engine.model_update_group = HCCLWeightTransferEngine._stateless_init_process_group(
                 "127.0.0.1", port, rank, 2, torch.accelerator.current_device_index()
             )
-            engine._sync_method, engine._namespace, engine._synchronizer = "checkpoint", "probe", None
+            engine._sync_method, engine._namespace, engine._synchronizer = "checkpoint", NAMESPACE, None
             return receive_checkpoint(engine, directory), engine
 
         ranks = [result for result, _engine in _two_ranks(sync)]

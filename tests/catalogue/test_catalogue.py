@@ -8,14 +8,17 @@ For each row of docs/break-map.md with a catalogue probe that applies to the ins
 * ``test_cuda_decision_changes_nothing`` -- with npu-compat activated on a CUDA decision the
   outcome is exactly the stock one.
 
-Each mode runs every probe of the stack in one fresh interpreter (see ``probes.py``).
+Each mode runs every probe of the stack in one fresh interpreter (see ``probes.py``), the three side by side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Any
 
 import pytest
@@ -42,17 +45,30 @@ MODES = {
 
 @pytest.fixture(scope="session")
 def outcomes(npu_ray_cluster: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each mode's outcomes.  The three interpreters run side by side on the one cluster: most of a probe
+    run is imports and bounded waits, and only npu-compat's asks for NPUs (stock's GPU requests pend)."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for mode, (args, extra) in MODES.items():
-        env = clean_env(simulation_env(2, {}), SIM_PATH)
-        env.update(extra, RAY_ADDRESS=npu_ray_cluster.address)
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.catalogue.probes", *args, *(r.probe for r in ROWS)],
-            env=env, cwd=str(REPO), capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULTS ")]
-        assert lines, f"probe run ({mode}) printed no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        results[mode] = json.loads(lines[-1].removeprefix("PROBE-RESULTS "))
+    with contextlib.ExitStack() as stack:
+        runs = {}
+        for mode, (args, extra) in MODES.items():
+            env = clean_env(simulation_env(2, {}), SIM_PATH)
+            env.update(extra, RAY_ADDRESS=npu_ray_cluster.address)
+            out = stack.enter_context(tempfile.TemporaryFile("w+"))
+            argv = [sys.executable, "-m", "tests.catalogue.probes", *args, *(r.probe for r in ROWS)]
+            proc = subprocess.Popen(
+                argv, env=env, cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+            stack.callback(proc.kill)  # a no-op once it has exited
+            runs[mode] = (proc, out)
+        deadline = time.monotonic() + 900
+        for mode, (proc, out) in runs.items():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            out.seek(0)
+            output = out.read()
+            lines = [line for line in output.splitlines() if line.startswith("PROBE-RESULTS ")]
+            assert lines, f"probe run ({mode}) printed no result within 900 s:\n{output[-8000:]}"
+            results[mode] = json.loads(lines[-1].removeprefix("PROBE-RESULTS "))
     return results
 
 

@@ -123,89 +123,87 @@ def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path
     assert f"vllm-ascend {RELEASE}" in proc.stdout
 
 
-@needs_backend
-@pytest.mark.many_processes
-@engine_runs
-# TP 1 by hand for CI's time (85 s): TP 2 runs the same kernels on each rank, and the prompt-logprob and
-# graph tests run the release's runner at TP 1 in CI
-@pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.beyond_ci), 2])
-def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
-    """Greedy tokens of a tiny Qwen2 through vLLM's engine on the real ``NPUWorker``/``NPUModelRunner``
-    (eager), equal to transformers' on the same weights: prefill, decode, a prompt prefilled in chunks
-    (130 tokens, 64 a step), and one that shares a cached prefix with an earlier one; at tensor parallel 1
-    and 2 (vLLM's multiprocess executor, one worker per simulated NPU, the TP group on the simulated hccl).
-
-    At vLLM's default ``gpu_memory_utilization`` of a 64 GiB NPU: each worker's KV cache is some 58 GiB
-    (4.8e8 tokens of the tiny model), made with ``torch.zeros``; the simulated device counts it in full, and
-    the host backs only what the model writes of it."""
-    seen = real_run(
-        """
-        import json, os, tempfile
-        import torch
-        from tests.e2e.tiny_model import make_tiny_model
-
-        def main():
-            tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
-            from vllm import LLM, SamplingParams
-            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
-                      distributed_executor_backend="mp", enable_prefix_caching=True,
-                      max_num_batched_tokens=64,  # a longer prompt is prefilled in chunks
-                      tensor_parallel_size=int(os.environ["TP"]))
-            prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
-            greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-            out = [list(r.outputs[0].token_ids) for r in llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)]
-            # a prompt whose first 128 tokens (a whole KV block: vllm-ascend's block size) were computed
-            # before: a prefix-cache hit
-            shared = [4 + i % 40 for i in range(130)]
-            llm.generate([{"prompt_token_ids": shared + [30]}], greedy, use_tqdm=False)
-            hit = llm.generate([{"prompt_token_ids": shared + [31, 32]}], greedy, use_tqdm=False)[0]
-            prompts.append(shared + [31, 32])
-            out.append(list(hit.outputs[0].token_ids))
-            from transformers import AutoModelForCausalLM
-            hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-            hf.generation_config.eos_token_id = None  # vLLM's ignore_eos: past the end-of-text token
-            ref = [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
-            print(json.dumps({"vllm": out, "transformers": ref, "cached": hit.num_cached_tokens}))
-
-        if __name__ == "__main__":
-            main()
-        """,
-        timeout=900,
-        devices=tp,
-        TP=str(tp),
-        VLLM_WORKER_MULTIPROC_METHOD="spawn",
-        VLLM_PORT=str(free_port()),
-    )
-    assert seen["vllm"] == seen["transformers"]
-    assert seen["cached"] >= 128
-
-
-RAY_DRIVER = """
+#: Greedy tokens of a tiny Qwen2 through vLLM's engine (eager) on ``$EXECUTOR`` at tensor parallel ``$TP``, and
+#: transformers' on the same weights: prefill, decode, a prompt prefilled in chunks (130 tokens, 64 a step),
+#: and one that shares a cached prefix with an earlier one.  Each worker's device and host memory, too.
+GENERATE = """
 import json, os, tempfile
 import torch
 from tests.e2e.tiny_model import make_tiny_model
 
+def memory(worker):
+    import torch
+    status = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/self/status")
+              if l.startswith(("VmRSS:", "VmHWM:"))}
+    return {"allocated": torch.npu.memory_allocated(), "total": torch.npu.mem_get_info()[1], **status}
+
 def main():
     tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc(memory): a function, pickled
     from vllm import LLM, SamplingParams
     llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
-              distributed_executor_backend="ray", tensor_parallel_size=2)
+              distributed_executor_backend=os.environ["EXECUTOR"], enable_prefix_caching=True,
+              max_num_batched_tokens=64,  # a longer prompt is prefilled in chunks
+              tensor_parallel_size=int(os.environ["TP"]))
     prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = [list(r.outputs[0].token_ids) for r in llm.generate(
         [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)]
+    # a prompt whose first 128 tokens (a whole KV block: vllm-ascend's block size) were computed
+    # before: a prefix-cache hit
+    shared = [4 + i % 40 for i in range(130)]
+    llm.generate([{"prompt_token_ids": shared + [30]}], greedy, use_tqdm=False)
+    hit = llm.generate([{"prompt_token_ids": shared + [31, 32]}], greedy, use_tqdm=False)[0]
+    prompts.append(shared + [31, 32])
+    out.append(list(hit.outputs[0].token_ids))
+    workers = llm.collective_rpc(memory)
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
+    hf.generation_config.eos_token_id = None  # vLLM's ignore_eos: past the end-of-text token
     ref = [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                        max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
-    print(json.dumps({"vllm": out, "transformers": ref}))
+    print(json.dumps({"vllm": out, "transformers": ref, "cached": hit.num_cached_tokens, "workers": workers}))
 
 if __name__ == "__main__":
     main()
 """
+
+GiB = 1 << 30
+
+
+def assert_generated(seen: dict[str, Any], tp: int) -> None:
+    """transformers' tokens, a prefix-cache hit, and on each worker a KV cache at vLLM's default
+    ``gpu_memory_utilization`` of the 64 GiB NPU (some 58 GiB, 4.8e8 tokens of the tiny model, made with
+    ``torch.zeros``), which the simulated device counts in full and the host backs only where the model wrote."""
+    assert seen["vllm"] == seen["transformers"]
+    assert seen["cached"] >= 128
+    assert len(seen["workers"]) == tp, seen["workers"]
+    for worker in seen["workers"]:
+        # the cache, the weights and the runner's buffers (some MiB past the 0.9 the cache was sized by)
+        assert 0.85 * worker["total"] < worker["allocated"] < 0.91 * worker["total"], worker
+        assert worker["VmHWM"] < 2 * GiB, worker  # torch, vLLM and vllm-ascend (0.8 GB): nothing of the cache
+
+
+@needs_backend
+@pytest.mark.many_processes
+@engine_runs
+# by hand for CI's time (85 s each): CI runs TP 2 on vLLM's Ray executor below, the executor Trinity's
+# rollout uses, and the prompt-logprob and graph tests run the release's runner at TP 1
+@pytest.mark.beyond_ci
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
+    """``GENERATE`` on vLLM's multiprocess executor: one worker per simulated NPU, the TP group on the
+    simulated hccl."""
+    seen = real_run(
+        GENERATE,
+        timeout=900,
+        devices=tp,
+        TP=str(tp),
+        EXECUTOR="mp",
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_PORT=str(free_port()),
+    )
+    assert_generated(seen, tp)
 
 
 @needs_backend
@@ -214,9 +212,9 @@ if __name__ == "__main__":
 def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_generates(
     tmp_path: Path,
 ) -> None:
-    """vLLM's Ray executor gives each worker actor the whole node's ``ASCEND_RT_VISIBLE_DEVICES`` after the
-    actor imported torch; the real ``NPUWorker`` then sets its local rank's device.  The runtime counts
-    devices at that first use, so both workers start, and TP 2 generates transformers' greedy tokens."""
+    """``GENERATE`` at TP 2 on vLLM's Ray executor.  It gives each worker actor the whole node's
+    ``ASCEND_RT_VISIBLE_DEVICES`` after the actor imported torch; the real ``NPUWorker`` then sets its local
+    rank's device.  The runtime counts devices at that first use, so both workers start."""
     import os
     import subprocess
     import sys
@@ -225,9 +223,9 @@ def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_gen
 
     env = dict(os.environ, **sim_env(2, **REAL, VLLM_ASCEND_ENABLE_NZ="0"))
     driver = tmp_path / "driver.py"
-    driver.write_text(RAY_DRIVER)
+    driver.write_text(GENERATE)
     with npu_ray_cluster(1, 2, 4, env=env) as cluster:
-        client = dict(cluster.env, RAY_ADDRESS=cluster.address)
+        client = dict(cluster.env, RAY_ADDRESS=cluster.address, TP="2", EXECUTOR="ray")
         repo = str(Path(__file__).resolve().parents[2])
         client["PYTHONPATH"] = os.pathsep.join([client["PYTHONPATH"], repo])
         proc = subprocess.run(
@@ -235,8 +233,7 @@ def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_gen
         )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    seen = json.loads(lines[-1])
-    assert seen["vllm"] == seen["transformers"]
+    assert_generated(json.loads(lines[-1]), 2)
 
 
 @needs_backend

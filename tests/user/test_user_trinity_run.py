@@ -5,8 +5,11 @@ model made here (not the project's e2e files), the recipe of the README: start t
 shell with ``--env-file``, read the file, ``python -m npu_compat trinity run --config mine.yaml``.
 GRPO, mode ``both``, two steps: the command exits 0 after the second train step.
 
-The rollout is left at Trinity's defaults (eager off, prefix caching, bfloat16, 90 % of the device), as a
-user's config leaves it.
+The rollout is left at Trinity's defaults (eager off, prefix caching, bfloat16, 90 % of the device, eight
+workflow runners), as a user's config leaves it.  What the user can read of the run is checked too: each
+weight sync's digests in the logs (the rollout holds what the trainer sent), and the per-process reports of
+``--report-dir`` (each process activated, each patch applied where its code runs).  This is CI's whole run
+on stack a; ``tests/e2e/test_trinity_run.py`` runs the bundled config with its stage-by-stage checks.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from npu_compat.doctor.reports import read_reports
+from npu_compat.tools import timeline
+from tests.e2e.scenario import applied_by_process
 from tests.user.conftest import dotenv, user_env
 
 pytestmark = [
@@ -134,7 +140,7 @@ def test_a_users_own_config_runs_two_grpo_steps_to_exit_0(user_venv: Path, tmp_p
             time.sleep(1)
         env = user_env(user_venv, **dotenv(env_file))
         run = subprocess.run(
-            [str(user_venv), "-m", "npu_compat", "trinity", "run", "--config", "mine.yaml"],
+            [str(user_venv), "-m", "npu_compat", "--report-dir", "reports", "trinity", "run", "--config", "mine.yaml"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
         )  # fmt: skip
     finally:
@@ -144,3 +150,32 @@ def test_a_users_own_config_runs_two_grpo_steps_to_exit_0(user_venv: Path, tmp_p
     (tmp_path / "driver.log").write_text(output)
     assert run.returncode == 0, output[-8000:]
     assert _finished_steps(tmp_path, output) >= {1, 2}, output[-8000:]
+    logs = output + "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log") if p.is_file())
+    assert "Error in Trainer" not in logs  # Trinity logs a trainer crash and exits 0
+    # the syncs (before step 1 and after each train step): the rollout holds what the trainer sent.  (The
+    # tiny model answers no sum, so GRPO's advantages are all zero and a step may leave the weights as
+    # they were: the digests need not differ from sync to sync.)
+    sent, loaded = (re.findall(rf"simulated weight sync \({side}\): (\d+ tensors, sha256 \w+)", output)
+                    for side in ("trainer sent", "rollout loaded"))  # fmt: skip
+    assert len(sent) == 3 and sent == loaded, (sent, loaded)
+    # the rollout at Trinity's defaults: enforce_eager false runs eager and says so; bfloat16; a KV cache of
+    # 0.9 of the 64 GiB device less the weights
+    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in logs
+    assert "dtype=torch.bfloat16" in logs
+    kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", logs)
+    assert kv and all(abs(float(gib) - 0.9 * 64) < 0.01 for gib in kv), kv
+    # every process of the run activated (the driver, Ray's actors, vLLM's workers), and each patch is
+    # reported applied in the process where its code runs
+    reports = tmp_path / "reports"
+    table = timeline.rows(read_reports(str(reports)), str(reports))
+    assert {"ray-driver", "ray-actor"} <= {row.role for row in table}, table
+    assert any(row.role.startswith("vllm (") for row in table), table
+    assert all(None not in (row.started, row.activated, row.updated) for row in table), table
+    applied = applied_by_process(reports)
+    for process, ids in {
+        "ray-driver": ["trinity.config_validator.npu_count"],
+        "WorkerDict": ["torch.distributed.init_process_group", "trinity.distributed.vllm_weight_transfer"],
+        "vLLMRolloutModel": ["trinity.vllm_model.weights_not_nz", "vllm.weight_transfer.nccl_is_hccl"],
+        "vllm (VllmWorker-0)": ["trinity.vllm.worker_cls", "vllm.weight_transfer.nccl_is_hccl"],
+    }.items():
+        assert set(ids) <= set(applied.get(process, ())), (process, applied)
