@@ -400,6 +400,11 @@ def guarded(self, path):
     graph_safe_sync(sync, self, (), {})
     return sum(p.untyped_storage().data_ptr() != before[n] for n, p in model.named_parameters())
 
+def npugraph_ex(self):
+    \"\"\"Whether the engine core compiles through torchair's npugraph_ex (its vllm-ascend config).\"\"\"
+    from vllm_ascend.ascend_config import get_ascend_config
+    return get_ascend_config().ascend_compilation_config.enable_npugraph_ex
+
 def main():
     tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
     from transformers import AutoModelForCausalLM
@@ -422,10 +427,9 @@ def main():
                             max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
 
     from vllm import LLM, SamplingParams
-    # Trinity's rollout default: enforce_eager False (vLLM's graph mode, on vllm-ascend ACL graphs); the engine
-    # core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, which Trinity sets too), where vllm-ascend's
-    # platform has turned torchair's npugraph_ex off
-    llm = LLM(model=str(tiny), enforce_eager=False, dtype="float32", max_model_len=256, seed=0)
+    # Trinity's rollout default: enforce_eager False (vLLM's graph mode, on vllm-ascend ACL graphs)
+    llm = LLM(model=str(tiny), enforce_eager=False, dtype="float32", max_model_len=256, seed=0,
+              distributed_executor_backend=os.environ["EXECUTOR"])
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
     def generate():
@@ -433,7 +437,8 @@ def main():
         return [list(r.outputs[0].token_ids) for r in llm.generate(
             [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)]
 
-    out = {"mode": llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name}
+    out = {"mode": llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name,
+           "npugraph_ex": llm.collective_rpc(npugraph_ex)[0]}
     out["start"], out["start_ref"] = generate(), reference(original)
     out["moved_in_place"] = llm.collective_rpc(load_in_place, args=(paths[0],))[0]
     out["in_place"], out["in_place_ref"] = generate(), reference(weights[0])
@@ -463,11 +468,18 @@ if __name__ == "__main__":
 @needs_backend
 @pytest.mark.many_processes
 @engine_runs
-def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
+@pytest.mark.parametrize(
+    "executor", [pytest.param("uni", marks=pytest.mark.beyond_ci), "mp"]
+)  # the worker in the engine's process by hand (40 s): a worker process of its own runs the same graphs
+def test_acl_graphs_replay_what_they_captured_across_weight_syncs(executor: str) -> None:
     """The real 0.18.0 engine at Trinity's rollout defaults: ``enforce_eager`` False (vLLM's
-    FULL_AND_PIECEWISE, which vllm-ascend 0.18.0 runs as PIECEWISE ACL graphs), with vLLM's ``LLM`` and its
-    engine core in this process.  (Trinity's rollout uses ``AsyncLLM``, whose engine core is a spawned process,
-    where 0.18.0 compiles with torchair's npugraph_ex: the simulation's boundary, docs/testing.md.)
+    FULL_AND_PIECEWISE, which vllm-ascend 0.18.0 runs as PIECEWISE ACL graphs), its engine core in this
+    process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as Trinity sets it).  Its worker either in this process too
+    (``uni``, Trinity's at TP 1), where vllm-ascend's platform has turned torchair's npugraph_ex off and each
+    piece is compiled by inductor with vllm-ascend's fusion passes; or a spawned process of its own (``mp``;
+    Trinity's TP 2 workers are Ray actors alike), whose ``NPUWorker`` rebuilds vllm-ascend's config from the
+    options the platform copied before it turned npugraph_ex off, and so compiles each piece with torchair's
+    npugraph_ex (run eagerly: the pieces' ACL graphs are vLLM's ``ACLGraphWrapper``'s either way).
 
     Its graphs generate what transformers generates.  Trinity's sync (``model.load_weights``) writes every
     parameter in place -- no storage moves -- and the next replay generates what the new weights generate.  A
@@ -476,8 +488,10 @@ def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
     held, the replay reads the weights of before (stale); once nothing but the graph holds it, the replay
     fails naming the parameter (on the device: garbage, or ERR99999)."""
     seen = real_run(
-        GRAPH_MODE, timeout=600, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PORT=str(free_port()),
+        GRAPH_MODE, timeout=600, EXECUTOR=executor, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_PORT=str(free_port()),
     )  # fmt: skip
+    assert seen["npugraph_ex"] is (executor == "mp")
     assert seen["mode"] == "PIECEWISE"
     assert seen["start"] == seen["start_ref"]
     assert seen["moved_in_place"] == 0
@@ -487,9 +501,9 @@ def test_acl_graphs_replay_what_they_captured_across_weight_syncs() -> None:
     assert seen["reallocated"] > 0
     assert seen["stale"] == seen["stale_mixed_ref"]
     assert seen["stale"] != seen["stale_ref"]
-    assert seen["freed"].startswith(
-        "GraphReplayError: simulated npu: ACL graph replay reads memory that only the graph still holds -- "
-    )
+    # raised in the worker: the mp executor hands it on as its own RuntimeError, with the words
+    assert seen["freed"].startswith(("GraphReplayError: ", "RuntimeError: Worker failed with error ")), seen
+    assert "simulated npu: ACL graph replay reads memory that only the graph still holds -- " in seen["freed"]
     assert "a Parameter float32[" in seen["freed"]
 
 
