@@ -195,6 +195,34 @@ def libhccl_dir() -> Path:
     return cache_root() / f"libhccl-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
 
 
+def _compile_libhccl(target: Path) -> None:
+    """Compile the stand-in into ``target``; a RuntimeError that says why where it cannot."""
+    include = sysconfig.get_paths()["include"]
+    cxx = os.environ.get("CXX", "c++")
+    argv = [
+        cxx,
+        "-shared",
+        "-fPIC",
+        *CFLAGS,
+        f"-I{include}",
+        "-Wl,-soname,libhccl.so",
+        str(LIBHCCL / "hccl.cpp"),
+    ]
+    try:
+        subprocess.run([*argv, "-o", str(target)], check=True, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise RuntimeError(
+            f"simulated Ascend: building the libhccl.so stand-in needs a C++ compiler, and {cxx!r} was not "
+            "found: install one (g++ or clang++) or name it in CXX"
+        ) from exc
+    except subprocess.CalledProcessError as exc:
+        words = (exc.stderr or exc.stdout or "")[-2000:]
+        raise RuntimeError(
+            f"simulated Ascend: {cxx} failed to build the libhccl.so stand-in (exit {exc.returncode}) "
+            f"against the Python headers in {include}:\n{words}"
+        ) from exc
+
+
 def libhccl() -> Path:
     """The libhccl.so stand-in, built first if this host has not built it yet: one C++ file against the Python
     headers, with the SONAME ``libhccl.so``: found by that name on a simulated host's ``LD_LIBRARY_PATH``
@@ -206,13 +234,8 @@ def libhccl() -> Path:
         with _locked(where.with_name(where.name + ".lock")):
             if not (where / "built").is_file():
                 where.mkdir(parents=True, exist_ok=True)
-                include = sysconfig.get_paths()["include"]
                 partial = where / f"libhccl.so.{os.getpid()}"
-                subprocess.run(
-                    [os.environ.get("CXX", "c++"), "-shared", "-fPIC", *CFLAGS, f"-I{include}",
-                     "-Wl,-soname,libhccl.so", str(LIBHCCL / "hccl.cpp"), "-o", str(partial)],
-                    check=True, capture_output=True, text=True,
-                )  # fmt: skip
+                _compile_libhccl(partial)
                 partial.replace(so)
                 (where / "built").write_text("built\n")
     return so
@@ -225,10 +248,9 @@ def load_libhccl() -> ctypes.CDLL | None:
     CANN's."""
     try:
         return ctypes.CDLL(str(libhccl()), mode=ctypes.RTLD_GLOBAL)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
+    except (OSError, RuntimeError) as exc:
         warnings.warn(
-            f"simulated Ascend: libhccl.so failed to build or load ({detail})", RuntimeWarning, stacklevel=2
+            f"simulated Ascend: libhccl.so failed to build or load ({exc})", RuntimeWarning, stacklevel=2
         )
         return None
 
