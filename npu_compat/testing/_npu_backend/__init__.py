@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -191,8 +192,13 @@ def vllm_ascend_c() -> Path:
 def libhccl_dir() -> Path:
     """Where the libhccl.so stand-in is built: keyed by this Python and its source, not by torch (it uses
     the Python headers alone), so that a simulated host's library path can name it before torch loads."""
-    digest = hashlib.sha256((LIBHCCL / "hccl.cpp").read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    return cache_root() / f"libhccl-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    return cache_root() / f"libhccl-py{sys.version_info[0]}{sys.version_info[1]}-{_libhccl_digest()}"
+
+
+@functools.cache
+def _libhccl_digest() -> str:
+    """The stand-in's source and flags, hashed once a process (each simulated child's env names it)."""
+    return hashlib.sha256((LIBHCCL / "hccl.cpp").read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
 
 
 def _compile_libhccl(target: Path) -> None:
