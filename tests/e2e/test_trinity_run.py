@@ -336,6 +336,43 @@ def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
 
 
+@pytest.mark.skipif(
+    not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose engine runs (stack c)"
+)
+@pytest.mark.skipif(not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here")
+@pytest.mark.uses_verl
+@pytest.mark.beyond_ci  # 5 min on stack c: CI runs the same graphs across syncs in tests/sim/test_real_vllm_ascend.py
+def test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_model: Path) -> None:
+    """The bundled config as it is -- the rollout at Trinity's defaults, ``enforce_eager`` false -- on the
+    released vllm-ascend 0.18.0: vLLM compiles the model (each piece through torchair's npugraph_ex, in
+    AsyncLLM's spawned engine core) and captures its PIECEWISE ACL graphs (the simulation records and replays
+    them on the storages they captured), and the run goes to the end through three syncs, each with
+    npu-compat's sync guard around Trinity's ``update_weight``, which had nothing to put back: 0.5.2's
+    ``load_weights`` writes in place.  (Not yet: each sync's digest, and greedy tokens after the last sync
+    against an eager engine on the trainer's final weights.)"""
+    result = _run(
+        tmp_path, tiny_model, "compat", "auto", 900, name="graphs",
+        env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"},
+    )  # fmt: skip
+    out = tmp_path / "compat-auto"
+    assert result["rc"] == 0, result
+    assert result["stages"][-4:] == [
+        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
+    ], result  # fmt: skip
+    assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
+    text = scenario.all_logs(out)
+    assert "enforce_eager=False" in text
+    assert "vllm_ascend.model_loader.rfork" in text  # the release, not the stand-in
+    assert "ACL graph capture and torch.compile are not simulated" not in text  # the stand-in's words
+    # AsyncLLM's engine core, a spawned process, makes its own ascend config: npugraph_ex on (run eagerly), and
+    # vLLM's wrapper captures each size's PIECEWISE graphs
+    assert "enable_npugraph_ex is enabled" in text
+    assert "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%" in text
+    # Trinity's sync writes each parameter in place: the guard had nothing to put back
+    assert "put back in place" not in text
+    _assert_applied(result, {"vllm (EngineCore)": ["trinity.vllm_worker.graph_safe_sync"]})
+
+
 @beyond_ci_where(REL_052)  # 3.5 min: on stack c by hand, stack a's in CI
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""

@@ -63,9 +63,13 @@ ROWS: tuple[Row, ...] = (
         "ACL graphs (torch.npu.NPUGraph, torch.npu.graph) record every task on npu memory and replay it on the "
         "storages they captured: an in-place write is seen, a re-allocated tensor is not, and memory only the "
         "graph still holds fails the replay naming the tensor. The real vllm-ascend 0.18.0 engine at Trinity's "
-        "rollout default (enforce_eager false: PIECEWISE graphs), its engine core in-process, runs on it; "
-        "Trinity's own AsyncLLM engine core, a spawned process, compiles with torchair's npugraph_ex there, "
-        "which is the simulation's boundary",
+        "rollout default (enforce_eager false: PIECEWISE graphs) runs on it, its worker in the engine's "
+        "process (Trinity's at TP 1: each piece compiled by inductor) or in a process of its own (vLLM's mp "
+        "executor; Trinity's TP 2 Ray workers alike), which compiles each piece with torchair's npugraph_ex "
+        "as vllm-ascend configures it (reduce-overhead, run eagerly: the ACL graphs are vLLM's wrapper's). "
+        "Trinity 0.5.2's whole GRPO run with the bundled config, the rollout at Trinity's defaults, runs so to "
+        "the end: AsyncLLM's engine core compiles through npugraph_ex, captures 19 sizes of PIECEWISE graphs "
+        "and replays them through three syncs",
         "Trinity 0.5.2's own sync (model.load_weights) writes every parameter of a dense Qwen2 in place: 0 of 9 "
         "storages move and the graphs generate the new weights' tokens. A reload that re-allocates the "
         "parameters leaves the graphs on the old memory: stale tokens (the decoder on the old weights, the tied "
@@ -77,6 +81,7 @@ ROWS: tuple[Row, ...] = (
         "trinity.vllm_worker.graph_safe_sync",
         (
             "tests/sim/test_real_vllm_ascend.py::test_acl_graphs_replay_what_they_captured_across_weight_syncs",
+            "tests/e2e/test_trinity_run.py::test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend",
             "tests/sim/test_npu_graphs.py::test_a_replay_reads_the_memory_it_captured",
             "tests/sim/test_npu_graphs.py::test_npu_compats_sync_keeps_every_storage_the_graphs_read",
         ),
