@@ -4,10 +4,12 @@ Run in a stack with vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c:
 ``.nox/stack-c/bin/python bench/acl_graphs.py [rounds]``).
 
 One engine per mode on the tiny Qwen2 of ``tests/e2e/tiny_model.py``, each in its own simulated-Ascend process
-(TP 1): eager (``enforce_eager=True``) and graph mode at Trinity's rollout default (``enforce_eager=False``,
-which vllm-ascend runs as PIECEWISE ACL graphs; npugraph_ex off, as the simulation needs).  Each generates a
-batch of 16 prompts, 64 greedy tokens each, ``rounds`` times after a warm-up; the median tokens per second of
-each mode and their ratio (graph / eager) are printed, and whether the two modes generated the same tokens.
+(TP 1): eager (``enforce_eager=True``), and graph mode at Trinity's rollout default (``enforce_eager=False``,
+which vllm-ascend runs as PIECEWISE ACL graphs) twice: with the worker in the engine's process (each piece
+compiled by inductor, npugraph_ex off) and in a process of its own (vLLM's mp executor: each piece through
+torchair's npugraph_ex, run eagerly, as in Trinity's TP 2 workers).  Each generates a batch of 16 prompts,
+64 greedy tokens each, ``rounds`` times after a warm-up; the median tokens per second of each mode and their
+ratio to eager are printed, and whether the modes generated the same tokens.
 No floor: on the device graphs save the host's launch time, which a simulated device does not have (each
 replay reruns the captured operators in Python).
 """
@@ -38,7 +40,7 @@ def main():
     from vllm import LLM, SamplingParams
     llm = LLM(model=str(tiny), enforce_eager=os.environ["BENCH_EAGER"] == "1", dtype="float32",
               max_model_len=256, seed=0, gpu_memory_utilization=0.05,
-              additional_config={"ascend_compilation_config": {"enable_npugraph_ex": False}})
+              distributed_executor_backend=os.environ["BENCH_EXECUTOR"])
     prompts = [{"prompt_token_ids": [4 + (i * 7 + j) % 50 for j in range(8)]} for i in range(16)]
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     llm.generate(prompts, greedy, use_tqdm=False)  # warm-up
@@ -56,12 +58,14 @@ if __name__ == "__main__":
 """
 
 
-def run(eager: bool, rounds: int, vllm_ascend: str = "real") -> dict[str, list[float]]:
-    """One engine in its own simulated-Ascend process, on ``vllm_ascend`` (``real`` or ``stand-in``)."""
+def run(eager: bool, rounds: int, vllm_ascend: str = "real", executor: str = "uni") -> dict[str, list[float]]:
+    """One engine in its own simulated-Ascend process, on ``vllm_ascend`` (``real`` or ``stand-in``), its
+    worker in the engine's process (``uni``) or one of its own (``mp``)."""
     env = simulation_env(1, vllm_ascend=vllm_ascend)
     env.update(
         BENCH_REPO=str(REPO), BENCH_EAGER="1" if eager else "0", BENCH_ROUNDS=str(rounds),
-        VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        BENCH_EXECUTOR=executor, VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(
@@ -86,12 +90,15 @@ def rounds_on_stack_c() -> int:
 
 def main() -> None:
     rounds = rounds_on_stack_c()
-    eager, graph = run(True, rounds), run(False, rounds)
-    e, g = statistics.median(eager["rates"]), statistics.median(graph["rates"])
-    print(f"eager:      {e:8.1f} tokens/s (median of {rounds})")
-    print(f"ACL graphs: {g:8.1f} tokens/s (median of {rounds})")
-    print(f"graph / eager: {g / e:.2f}  (no floor: see the docstring)")
-    print(f"same tokens: {eager['tokens'] == graph['tokens']}")
+    eager, inductor, npugraph_ex = run(True, rounds), run(False, rounds), run(False, rounds, executor="mp")
+    e = statistics.median(eager["rates"])
+    print(f"eager:                           {e:8.1f} tokens/s (median of {rounds})")
+    for label, graph in (("inductor pieces", inductor), ("npugraph_ex pieces", npugraph_ex)):
+        g = statistics.median(graph["rates"])
+        print(
+            f"ACL graphs, {label + ':':21s}{g:8.1f} tokens/s, {g / e:.2f} x eager (no floor: the docstring)"
+        )
+    print(f"same tokens: {eager['tokens'] == inductor['tokens'] == npugraph_ex['tokens']}")
 
 
 if __name__ == "__main__":
