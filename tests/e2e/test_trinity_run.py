@@ -303,11 +303,47 @@ def _real_vllm_ascend_laid_out() -> bool:
 EAGER_TP2 = ("    tensor_parallel_size: 1\n", "    tensor_parallel_size: 2\n    enforce_eager: true\n")
 
 
-@pytest.mark.skipif(
-    not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose eager engine runs (stack c)"
-)
-@pytest.mark.skipif(not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here")
-@pytest.mark.uses_verl
+def on_the_real_vllm_ascend_052(test: Any) -> Any:
+    """The marks of a whole run of Trinity 0.5.2 on the released vllm-ascend 0.18.0 (stack c)."""
+    for mark in (
+        pytest.mark.uses_verl,
+        pytest.mark.skipif(
+            not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here"
+        ),
+        pytest.mark.skipif(
+            not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose engine runs (stack c)"
+        ),
+    ):
+        test = mark(test)
+    return test
+
+
+def _real_run_to_the_end(
+    tmp_path: Path, tiny_model: Path, name: str, **kw: Any
+) -> tuple[dict[str, Any], str]:
+    """The bundled config on the released vllm-ascend (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``), run to the
+    end: exit 0, the two train steps and the rollout on weight version 2, no compute boundary, and the release's
+    own engine, not the stand-in.  The summary and every process's logs."""
+    result = _run(
+        tmp_path, tiny_model, "compat", "auto", 900, name=name,
+        env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"}, **kw,
+    )  # fmt: skip
+    assert result["rc"] == 0, result
+    assert result["stages"][-4:] == [
+        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
+    ], result  # fmt: skip
+    assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
+    text = scenario.all_logs(tmp_path / "compat-auto")
+    assert (
+        "vllm_ascend.model_loader.rfork" in text
+    )  # the release registers its loaders; the stand-in has none
+    # the stand-in's own lines
+    assert "NPUModelRunner on npu:" not in text
+    assert "ACL graph capture and torch.compile are not simulated" not in text
+    return result, text
+
+
+@on_the_real_vllm_ascend_052
 def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     tmp_path: Path, tiny_model: Path
 ) -> None:
@@ -316,31 +352,16 @@ def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
     to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2."""
-    result = _run(
-        tmp_path, tiny_model, "compat", "auto", 900, npus=3, name="eager-tp2",
-        edit=lambda text: text.replace(*EAGER_TP2), env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"},
-    )  # fmt: skip
-    out = tmp_path / "compat-auto"
-    assert result["rc"] == 0, result
-    assert result["stages"][-4:] == [
-        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
-    ], result  # fmt: skip
-    assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
-    text = scenario.all_logs(out)
+    _result, text = _real_run_to_the_end(
+        tmp_path, tiny_model, "eager-tp2", npus=3, edit=lambda text: text.replace(*EAGER_TP2)
+    )
     assert "tensor_parallel_size=2" in text
-    assert (
-        "vllm_ascend.model_loader.rfork" in text
-    )  # the release registers its loaders; the stand-in has none
-    assert "NPUModelRunner on npu:" not in text  # the stand-in's own line
+    out = tmp_path / "compat-auto"
     errors = re.findall(r"Error in Trainer:\n(?:.*\n)*?.*?(\w+Error: .*)", scenario._driver_log(out))
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
 
 
-@pytest.mark.skipif(
-    not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose engine runs (stack c)"
-)
-@pytest.mark.skipif(not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here")
-@pytest.mark.uses_verl
+@on_the_real_vllm_ascend_052
 @pytest.mark.beyond_ci  # 5 min on stack c: CI runs the same graphs across syncs in tests/sim/test_real_vllm_ascend.py
 def test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_model: Path) -> None:
     """The bundled config as it is -- the rollout at Trinity's defaults, ``enforce_eager`` false -- on the
@@ -350,20 +371,8 @@ def test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, t
     npu-compat's sync guard around Trinity's ``update_weight``, which had nothing to put back: 0.5.2's
     ``load_weights`` writes in place.  (Not yet: each sync's digest, and greedy tokens after the last sync
     against an eager engine on the trainer's final weights.)"""
-    result = _run(
-        tmp_path, tiny_model, "compat", "auto", 900, name="graphs",
-        env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"},
-    )  # fmt: skip
-    out = tmp_path / "compat-auto"
-    assert result["rc"] == 0, result
-    assert result["stages"][-4:] == [
-        "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
-    ], result  # fmt: skip
-    assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
-    text = scenario.all_logs(out)
+    result, text = _real_run_to_the_end(tmp_path, tiny_model, "graphs")
     assert "enforce_eager=False" in text
-    assert "vllm_ascend.model_loader.rfork" in text  # the release, not the stand-in
-    assert "ACL graph capture and torch.compile are not simulated" not in text  # the stand-in's words
     # AsyncLLM's engine core, a spawned process, makes its own ascend config: npugraph_ex on (run eagerly), and
     # vLLM's wrapper captures each size's PIECEWISE graphs
     assert "enable_npugraph_ex is enabled" in text

@@ -21,8 +21,6 @@ patterns, the attention ops' ``.out`` forms with a workspace) compute the same a
 mode compiles for CANN's graph engine or captures torchair's own ACL graphs: the compute boundary.
 """
 
-import functools
-
 from npu_compat.testing._boundary import needs_npu
 
 from . import core, fx_summary, npu_fx_compiler
@@ -61,7 +59,7 @@ def _option(group, name, default):
     return vars(group).get(name, default)
 
 
-def _npu_backend(gm, example_inputs, *, compiler_config):
+def _npu_backend(gm, example_inputs):
     """torchair's ``_npu_backend`` for ``reduce-overhead`` with ``run_eagerly``: ``aot_module_simplified``
     with input mutations kept, each compiled graph run eagerly."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
@@ -80,7 +78,7 @@ def get_npu_backend(*, compiler_config=None):
     mode = _option(config, "mode", "max-autotune")
     if mode != "reduce-overhead" or not _option(config.debug, "run_eagerly", False):
         raise needs_npu(f"torchair.get_npu_backend (mode {mode!r})", _WHY)
-    return functools.partial(_npu_backend, compiler_config=config)
+    return _npu_backend  # the config holds nothing more that this mode reads
 
 
 __all__ = [
