@@ -133,6 +133,10 @@ PYTORCH_NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 HCCL_SO_PATH = "HCCL_SO_PATH"
 HCCL_LIBRARY_DEFAULT = "libhccl.so"
 
+#: ``1`` runs Triton kernels in Triton's interpreter (Triton's, not ours).  The simulated host sets it, as it
+#: has no NPU compiler: triton-ascend's kernels then run on the host (see ``npu_compat.testing``).
+TRITON_INTERPRET = "TRITON_INTERPRET"
+
 # HCCL's sockets (CANN's, not ours), checked by ``doctor``.
 #: How long an HCCL communicator waits for its peers' sockets while it is built, in seconds (CANN's default
 #: 120, valid 120-7200): a peer that joins later fails with EI0006.
@@ -169,9 +173,14 @@ VLLM_ASCEND_ENABLE_NZ = "VLLM_ASCEND_ENABLE_NZ"
 VLLM_USE_AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
 
 # torch's (not ours): set to ``0`` by default by the simulated Ascend in a process that runs the real
-# vllm-ascend 0.18.0, whose pinned torch 2.9.0 has no custom-operator aliasing check.
+# vllm-ascend, whose pinned torch (2.9.0, 2.10.0) has no custom-operator aliasing check in AOTAutograd.
 #: Whether AOTAutograd's custom-operator aliasing check raises (default: whether ``CI`` is set) or warns.
 TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
+
+# torch's (not ours): set to ``0`` by default by the simulated Ascend in a process that runs the real
+# vllm-ascend 0.23.0.post1, whose pinned torch 2.10.0 uses AOTAutograd's cache for Inductor's compiler only.
+#: AOTAutograd's local cache (default on).
+TORCHINDUCTOR_AUTOGRAD_CACHE = "TORCHINDUCTOR_AUTOGRAD_CACHE"
 
 # Ray's token authentication (not ours): read by ``doctor``, and set by the simulated Ascend's
 # NPU-only Ray cluster for itself and every client it serves.

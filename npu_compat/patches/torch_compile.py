@@ -1,8 +1,9 @@
 """torch.compile on Ascend: off by default unless Inductor has an NPU backend.
 
 Inductor has no Ascend backend in torch itself; torch_npu's ``_inductor`` (torch_npu 2.13 ships it,
-loaded at the first compile) registers one for ``npu``.  verl compiles its entropy helpers with
-torch.compile's default backend, Inductor, so without that one they fail at the first training step.
+loaded at the first compile) registers one for ``npu`` when it is imported.  verl compiles its entropy
+helpers with torch.compile's default backend, Inductor, so without that one they fail at the first
+training step.
 ``torchair`` does not count: it is a backend of its own (``torchair.get_npu_backend()``), used only
 by code that names it, and torch_npu installs it whether or not Inductor can compile for ``npu``.
 The report says which way it went: the patches below are ``applied`` (compile off) or ``skipped``
@@ -22,6 +23,7 @@ with the backend found.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .trinity_common import findable
@@ -30,9 +32,19 @@ _INDUCTOR_NPU = "torch_npu._inductor"
 
 
 def no_npu_compiler() -> str | None:
-    """Condition: stand down (keep torch.compile on) when Inductor has an NPU backend."""
-    if findable(_INDUCTOR_NPU):
-        return f"Inductor has an NPU backend ({_INDUCTOR_NPU}): torch.compile stays on"
+    """Condition: stand down (keep torch.compile on) when Inductor has an NPU backend -- torch_npu's
+    ``_inductor``, once imported, has registered code generation for ``npu`` with Inductor.  It is imported
+    here, in the process that builds the trainer's config (torch is loaded there), as Inductor's first compile
+    would; where it does not import or registers nothing, the backend is missing and compile goes off."""
+    if not findable(_INDUCTOR_NPU):
+        return None
+    try:
+        importlib.import_module(_INDUCTOR_NPU)
+        from torch._inductor.codegen.common import get_scheduling_for_device
+    except Exception:  # noqa: BLE001 -- a backend that cannot load is no backend
+        return None
+    if get_scheduling_for_device("npu") is not None:
+        return f"Inductor has an NPU backend (registered by {_INDUCTOR_NPU}): torch.compile stays on"
     return None
 
 

@@ -13,6 +13,8 @@ the upstream code:
 * an ``hccl`` torch.distributed backend that builds a real Gloo group, so collectives run
   (on ``npu`` tensors too);
 * ``ASCEND_RT_VISIBLE_DEVICES`` and ``ASCEND_TOOLKIT_HOME`` set;
+* where triton-ascend is installed, its NPU driver active (CANN's answers simulated) and its kernels
+  run in Triton's interpreter (``TRITON_INTERPRET=1``; see ``_triton``);
 * an NPU-only Ray cluster of any size (:func:`npu_ray_cluster`; from a shell,
   ``python -m npu_compat.testing cluster``).
 

@@ -27,6 +27,8 @@ from ._npu_backend import libhccl
 from ._sites import SIM_SITE, all_sites, sites
 
 TOOLKIT_HOME = SIM_SITE / "Ascend"
+#: Where CANN's ``set_env.sh`` puts its compiler ``bisheng`` on ``PATH``; the simulated one compiles nothing.
+COMPILER_BIN = TOOLKIT_HOME / "compiler" / "ccec_compiler" / "bin"
 
 
 def is_simulated(environ: Mapping[str, str] | None = None) -> bool:
@@ -51,9 +53,12 @@ def simulation_env(
     npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's copy; None keeps ``environ``'s setting
     (default the stand-in).  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
 
-    As CANN's ``set_env.sh`` puts the toolkit's ``lib64`` there, ``LD_LIBRARY_PATH`` starts with the directory
-    of the ``libhccl.so`` stand-in, which is built here if this host has not built it yet (a C++ compiler
-    and the Python headers; without them it is left out, with a warning, and the HCCL library is missing).
+    As CANN's ``set_env.sh`` puts its compiler on ``PATH``, ``PATH`` starts with the simulated toolkit's (a
+    ``bisheng`` that answers triton-ascend's probe and compiles nothing), and ``TRITON_INTERPRET=1`` runs
+    Triton's kernels in its interpreter (see ``_triton``).  As ``set_env.sh`` puts the toolkit's ``lib64``
+    there, ``LD_LIBRARY_PATH`` starts with the directory of the ``libhccl.so`` stand-in, which is built here
+    if this host has not built it yet (a C++ compiler and the Python headers; without them it is left out,
+    with a warning, and the HCCL library is missing).
     """
     env = dict(os.environ if environ is None else environ)
     env[_env.SIMULATE] = "1"
@@ -67,6 +72,10 @@ def simulation_env(
     env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
     env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
     _library_path_first(env)
+    path = env.get("PATH") or os.environ.get("PATH", os.defpath)  # an environ of the simulation's alone: ours
+    rest = [p for p in path.split(os.pathsep) if p and p != str(COMPILER_BIN)]
+    env["PATH"] = os.pathsep.join([str(COMPILER_BIN), *rest])
+    env.setdefault(_env.TRITON_INTERPRET, "1")
     ours = all_sites()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
     env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in sites(env)), *paths])

@@ -904,6 +904,9 @@ def install() -> None:
 
         global LIBHCCL
         LIBHCCL = load_libhccl()
+        from . import _triton
+
+        _triton.install()  # triton-ascend's driver, when triton is imported
         from ._sites import paired_torch_defaults, runs_real_vllm_ascend
 
         if runs_real_vllm_ascend(os.environ):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.uses_verl
 pytest.importorskip("trinity", reason="needs trinity-rft (installed by the upstream stack sessions)")
 
 PROBE = """
-import json, socket, importlib, importlib.metadata as md
+import json, socket, importlib, importlib.util, importlib.metadata as md
 EXTEND
 import npu_compat
 ACTIVATE and npu_compat.activate()
@@ -42,15 +42,26 @@ else:
     actor_conf.ulysses_sequence_parallel_size = 1   # the validator fills this in
     actor = DataParallelPPOActor(actor_conf, torch.nn.Linear(2, 2), None)
     out["compiled"] = hasattr(actor.compute_entropy_from_logits, "_torchdynamo_orig_callable")
+out["inductor_module"] = importlib.util.find_spec("torch_npu._inductor") is not None
 out["report"] = {r["id"]: [r["status"], r["reason"]] for r in npu_compat.report() if "compile" in r["id"]}
 print(json.dumps(out))
 """
 
 
+#: torch_npu's ``_inductor`` as the real one behaves on import: Inductor's code generation registered for ``npu``
+#: (here the CPU's classes: nothing is compiled in these tests)
+INDUCTOR_NPU = """
+from torch._inductor.codegen.common import register_backend_for_device
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+register_backend_for_device("npu", CppScheduling, PythonWrapperCodegen)
+"""
+
+
 def _run(activate: bool, extra_path: list[str] | None = None, torch_npu_dir: str | None = None) -> Any:
     sim = {k: v for k, v in simulation_env(2, {}).items() if k != "PYTHONPATH"}
-    # torch_npu_dir: a directory whose packages are torch_npu's too (its _inductor, as a real wheel has it)
-    extend = f"import torch_npu; torch_npu.__path__.append({torch_npu_dir!r})" if torch_npu_dir else ""
+    # torch_npu_dir: a directory whose packages are torch_npu's first (its _inductor, as a real wheel has it)
+    extend = f"import torch_npu; torch_npu.__path__.insert(0, {torch_npu_dir!r})" if torch_npu_dir else ""
     code = PROBE.replace("ACTIVATE", str(activate)).replace("EXTEND", extend)
     return last_json(run_py(code, env=sim, pythonpath=[*SIM_PATH, *(extra_path or [])], timeout=300))
 
@@ -72,12 +83,21 @@ def test_off_on_npu_without_a_compiler_backend() -> None:
 
 def test_stays_on_where_inductor_has_an_npu_backend_and_the_report_says_which(tmp_path: Path) -> None:
     (tmp_path / "_inductor").mkdir()
-    (tmp_path / "_inductor" / "__init__.py").write_text("")
+    (tmp_path / "_inductor" / "__init__.py").write_text(INDUCTOR_NPU)
     out = _run(activate=True, torch_npu_dir=str(tmp_path))
     assert out["compiled"] is True
     assert _applied(out["report"]) == []
     reasons = [reason for status, reason in out["report"].values() if status == "skipped"]
     assert any("torch_npu._inductor" in reason for reason in reasons), out["report"]
+
+
+def test_an_inductor_module_that_registers_no_backend_does_not_keep_it_on(tmp_path: Path) -> None:
+    """The simulated torch_npu's own ``_inductor`` (vllm-ascend's worker imports it where Triton is found)
+    registers no code generation for ``npu``: Inductor could not compile there, so compile goes off."""
+    out = _run(activate=True)
+    assert out["inductor_module"] is True
+    assert out["compiled"] is False
+    assert len(_applied(out["report"])) == 1
 
 
 def test_torchair_alone_does_not_keep_it_on(tmp_path: Path) -> None:
