@@ -892,10 +892,11 @@ def _npu_reshape_and_cache(
     value_cache: torch.Tensor,
     slot_indices: torch.Tensor,
 ) -> None:
-    """``key_cache[slot // block_size, slot % block_size] = key[t]`` for every token t (and value)."""
+    """``key_cache[slot // block_size, slot % block_size] = key[t]`` for every token t (and value) whose slot
+    is not negative: ATB's kernel skips a token with a negative slot (``reshape_and_cache_nd.cpp``,
+    ``if (slotValue < 0) continue;``), the padding vllm-ascend gives tokens past a batch's end
+    (``PAD_ID``)."""
     slots = slot_indices.flatten().long()
-    if slots.numel() and int(slots.min()) < 0:
-        raise _boundary("torch_npu._npu_reshape_and_cache(slot_indices with negative slots)")
     for name, src, cache in (("key", key, key_cache), ("value", value, value_cache)):
         if cache.dim() != 4:
             raise ValueError(f"_npu_reshape_and_cache: {name}_cache must be [num_blocks, block_size, N, D]")
@@ -915,10 +916,10 @@ def _npu_reshape_and_cache(
             raise ValueError(
                 f"_npu_reshape_and_cache: a slot lies beyond the {blocks * block_size} of {name}_cache"
             )
-        idx = slots.to(cache.device)
-        cache.index_put_(
-            (idx // block_size, idx % block_size), src.reshape(-1, *cache.shape[2:]).to(cache.device)
-        )
+        kept = (slots >= 0).to(cache.device)
+        idx = slots.to(cache.device)[kept]
+        rows = src.reshape(-1, *cache.shape[2:]).to(cache.device)[kept]
+        cache.index_put_((idx // block_size, idx % block_size), rows)
 
 
 def _npu_matmul_add_fp32(x: torch.Tensor, weight: torch.Tensor, C: torch.Tensor) -> None:

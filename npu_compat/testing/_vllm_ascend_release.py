@@ -83,13 +83,25 @@ def torch_defaults(version: str) -> dict[str, str]:
       whose inner compile returns an FX graph, not Inductor's output code) is not made for that cache.
     * torch 2.13's AOTAutograd checks that a custom operator's output does not alias its input, and makes a
       violation an error where ``CI`` is set (``TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING``'s default);
-      torch 2.9.0 has no such check.  vllm-ascend 0.18.0's ``vllm::maybe_pad_and_reduce`` returns its input
-      unchanged at one rank (``tensor_model_parallel_all_reduce``), so a user's CI would fail where the
-      pinned torch runs.  The check still warns.
+      torch 2.9.0 and 2.10.0 have no such check (2.10.0's ``runtime_wrappers.py`` has no
+      ``_check_custom_op_aliasing``).  vllm-ascend's ``vllm::maybe_pad_and_reduce`` (0.18.0 and 0.23.0.post1)
+      returns its input unchanged at one rank (``tensor_model_parallel_all_reduce``), so a user's CI would
+      fail where the pinned torch runs.  The check still warns.
+    * torch 2.13's ``aot_compile`` (vLLM's AOT compile, on from torch 2.10) forces AOTAutograd's cache
+      (``force_autograd_cache``) for every compiler, whose entry then asserts Inductor's ``OutputCode``.
+      torch 2.10.0, which vllm-ascend 0.23.0.post1 pins, has no such setting: it caches only for a
+      serializable compiler (Inductor's), not for vllm-ascend's ``AscendCompiler``, whose pieces are FX
+      graphs.  Without the local cache torch 2.13 goes the 2.10 way for them.
     """
-    if version_in_range(RELEASES[version].torch, "<2.10"):
-        return {_env.VLLM_USE_AOT_COMPILE: "0", _env.TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING: "0"}
-    return {}
+    pinned = RELEASES[version].torch
+    if not version_in_range(pinned, "<2.11"):
+        return {}
+    defaults = {_env.TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING: "0"}
+    if version_in_range(pinned, "<2.10"):
+        defaults[_env.VLLM_USE_AOT_COMPILE] = "0"
+    else:
+        defaults[_env.TORCHINDUCTOR_AUTOGRAD_CACHE] = "0"
+    return defaults
 
 
 def layout_dir(version: str, prefix: str | None = None) -> Path:

@@ -704,11 +704,15 @@ def test_reshape_and_cache_writes_each_token_to_its_slot() -> None:
     assert torch.equal(key_cache, expected_k) and torch.equal(value_cache, expected_v)
 
 
-def test_reshape_and_cache_negative_slots_are_the_boundary() -> None:
-    key = torch.zeros(2, 1, 4)
+def test_reshape_and_cache_skips_a_token_whose_slot_is_negative() -> None:
+    """ATB's kernel skips it (``if (slotValue < 0) continue;``): the padding of a captured batch."""
+    key = torch.arange(1.0, 3.0).reshape(2, 1, 1).expand(2, 1, 4).contiguous()
     cache = torch.zeros(2, 2, 1, 4)
-    with pytest.raises(SimulatedComputeBoundary, match="slot_indices"):
-        atb._npu_reshape_and_cache(key, key, cache, cache.clone(), torch.tensor([0, -1], dtype=torch.int32))
+    value_cache = cache.clone()
+    atb._npu_reshape_and_cache(key, key, cache, value_cache, torch.tensor([1, -1], dtype=torch.int32))
+    expected = torch.zeros(2, 2, 1, 4)
+    expected[0, 1] = 1.0
+    assert torch.equal(cache, expected) and torch.equal(value_cache, expected)
 
 
 def test_matmul_add_fp32_accumulates_x_transposed_times_weight() -> None:
