@@ -143,6 +143,18 @@ RAY_SPECS = (
         why="{'GPU': n} bundles never become ready on an NPU cluster: ask for {'NPU': n}",
         remove_when="Trinity and verl build NPU bundles on Ascend",
     ),
+    PatchSpec(
+        "ray.npu.visible_devices_ascending",
+        "ray._private.accelerators.npu:NPUAcceleratorManager.set_current_process_visible_accelerator_ids",
+        distribution=_RAY,
+        versions=_RAY_RANGE,
+        wrapper=_P + "ray_devices:visible_devices_ascending",
+        expects=["visible_npu_devices"],
+        why="Ray sets a worker's ASCEND_RT_VISIBLE_DEVICES in the order it assigned the NPUs (2,1); CANN "
+        "refuses ids that do not ascend and torch_npu sees no device (field failure F9): set them ascending",
+        upstream_fix="Ray sorting the NPU ids it sets, as vLLM's Ray executor sorts each node's devices",
+        remove_when="Ray sets ASCEND_RT_VISIBLE_DEVICES in ascending order",
+    ),
 )
 
 # -- vLLM ----------------------------------------------------------------------------------------------

@@ -303,19 +303,24 @@ def _real_vllm_ascend_laid_out() -> bool:
 EAGER_TP2 = ("    tensor_parallel_size: 1\n", "    tensor_parallel_size: 2\n    enforce_eager: true\n")
 
 
-def on_the_real_vllm_ascend_052(test: Any) -> Any:
-    """The marks of a whole run of Trinity 0.5.2 on the released vllm-ascend 0.18.0 (stack c)."""
-    for mark in (
-        pytest.mark.uses_verl,
-        pytest.mark.skipif(
+def on_the_real_vllm_ascend(*, only_052: bool = False) -> Any:
+    """The marks of a whole run on the released vllm-ascend paired with the stack's vLLM (0.23.0.post1 on
+    stacks a and b, 0.18.0 on stack c); ``only_052``: Trinity 0.5.2 with 0.18.0 only (stack c)."""
+
+    def marks(test: Any) -> Any:
+        test = pytest.mark.uses_verl(test)
+        test = pytest.mark.skipif(
             not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here"
-        ),
-        pytest.mark.skipif(
-            not REL_052, reason="trinity-rft 0.5.2 with vllm-ascend 0.18.0, whose engine runs (stack c)"
-        ),
-    ):
-        test = mark(test)
-    return test
+        )(test)
+        if only_052:
+            test = pytest.mark.skipif(
+                not REL_052,
+                reason="graph mode on vllm-ascend 0.23.0.post1 captures FULL ACL graphs, a boundary of the "
+                "simulation (tests/sim/test_real_vllm_ascend.py): trinity-rft 0.5.2 with vllm-ascend 0.18.0 (stack c)",
+            )(test)
+        return test
+
+    return marks
 
 
 def _real_run_to_the_end(
@@ -343,12 +348,13 @@ def _real_run_to_the_end(
     return result, text
 
 
-@on_the_real_vllm_ascend_052
-def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
+@on_the_real_vllm_ascend()
+@beyond_ci_where(not REL_052)  # 6 min: CI runs it on stack c, the user's whole run on stack a
+def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     tmp_path: Path, tiny_model: Path
 ) -> None:
     """The bundled config with the rollout at TP 2 and ``enforce_eager: true``, on the released vllm-ascend
-    0.18.0 (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``), not the stand-in: Trinity's ``vLLMRolloutModel``
+    (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``: 0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0), not the stand-in: Trinity's ``vLLMRolloutModel``
     builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
     to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2."""
@@ -361,7 +367,7 @@ def test_compat_052_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
 
 
-@on_the_real_vllm_ascend_052
+@on_the_real_vllm_ascend(only_052=True)
 @pytest.mark.beyond_ci  # 5 min on stack c: CI runs the same graphs across syncs in tests/sim/test_real_vllm_ascend.py
 def test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_model: Path) -> None:
     """The bundled config as it is -- the rollout at Trinity's defaults, ``enforce_eager`` false -- on the

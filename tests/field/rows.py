@@ -317,4 +317,38 @@ ROWS: tuple[Row, ...] = (
         "doctor: PYTORCH_NPU_ALLOC_CONF",
         ("tests/seams/test_doctor.py::test_what_would_break_a_run_exits_1_with_the_fix",),
     ),
+    Row(
+        "F9",
+        "Ray shows a worker its NPUs in the order it assigned them, and CANN sees none",
+        (
+            Source(
+                "agentscope-ai/Trinity-RFT#618",
+                "CANN requires the ids in ASCEND_RT_VISIBLE_DEVICES in strictly ascending order; with 1,0 "
+                "torch.npu.is_available() silently returns False and Trinity picks its GPU worker class",
+            ),
+            Source(
+                "gpustack/gpustack#2527",
+                "vLLM's NPU workers fail in aclrtGetDeviceCount (207004): EE1001, set "
+                "ASCEND_RT_VISIBLE_DEVICES:0,2,4,6,1,3,5,7 error, it must be configured in ascending order",
+            ),
+            Source(
+                "ray 2.x _private/accelerators/npu.py",
+                "NPUAcceleratorManager.set_current_process_visible_accelerator_ids joins the worker's NPU ids "
+                "in the order given, unsorted",
+            ),
+        ),
+        "torch_npu's count of the visible devices (ids that do not ascend show none), applied by the simulated "
+        "runtime at a process's first device use; Ray's own function sets the variable",
+        "Trinity 0.6.0's TP 2 rollout on the real vllm-ascend 0.23.0.post1: Ray gives the rollout actor NPUs "
+        "2,1, vLLM's multiprocess workers inherit them, and each worker's NPUWorker fails at set_device "
+        "(invalid device 0): the engine never starts",
+        "Ray's function sets the ids ascending (1,2) in every worker; the TP 2 rollout starts and the run "
+        "goes to the end",
+        PATCHED,
+        "ray.npu.visible_devices_ascending",
+        (
+            "tests/patches/test_ray.py::test_ray_shows_a_worker_its_npus_in_ascending_order",
+            "tests/e2e/test_trinity_run.py::test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout",
+        ),
+    ),
 )

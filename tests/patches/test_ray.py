@@ -138,3 +138,30 @@ print(json.dumps({"device": device, "patched": [npu_compat.is_patched(f) for f i
         NPU_COMPAT_DEVICE="cuda",
     )
     assert out == {"device": "cuda", "patched": [False, False, False], "copy_same": True}
+
+
+VISIBLE = """
+import json, os
+import npu_compat
+ACTIVATE and npu_compat.activate()
+from ray._private.accelerators.npu import NPUAcceleratorManager
+NPUAcceleratorManager.set_current_process_visible_accelerator_ids(["2", "1"])  # as Ray assigned a bundle's NPUs
+import torch
+print(json.dumps({"visible": os.environ["ASCEND_RT_VISIBLE_DEVICES"], "count": torch.npu.device_count(),
+                  "available": torch.npu.is_available()}))
+"""
+
+
+@pytest.mark.parametrize("activate", [False, True])
+def test_ray_shows_a_worker_its_npus_in_ascending_order(activate: bool) -> None:
+    """Ray's own ``set_current_process_visible_accelerator_ids``, as a worker runs it for an actor given NPUs
+    2 and 1: stock joins them as assigned, and torch_npu (CANN) counts no device for ids that do not ascend
+    (field failure F9); with npu-compat the worker sees both NPUs, numbered 1,2."""
+    sim = {k: v for k, v in simulation_env(3, {}).items() if k != "PYTHONPATH"}
+    out = last_json(
+        run_py(VISIBLE.replace("ACTIVATE", str(activate)), env=sim, pythonpath=SIM_PATH, timeout=120)
+    )
+    if activate:
+        assert out == {"visible": "1,2", "count": 2, "available": True}
+    else:  # (torch_npu's is_available is then False too; the simulation's says True: kinder, docs/testing.md)
+        assert (out["visible"], out["count"]) == ("2,1", 0)
