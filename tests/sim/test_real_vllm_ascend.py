@@ -189,12 +189,22 @@ def assert_generated(seen: dict[str, Any], tp: int) -> None:
         assert worker["VmHWM"] < 2 * GiB, worker  # torch, vLLM and vllm-ascend (0.8 GB): nothing of the cache
 
 
+#: The executor of Trinity's TP 2 rollout: vLLM 0.18's Ray executor (Trinity 0.5.2), vLLM 0.23's multiprocess
+#: executor inside the rollout actor (Trinity 0.6.0).  CI runs TP 2 on that one; the other runs by hand.
+TRINITYS_TP2_EXECUTOR = "mp" if RELEASE == "0.23.0.post1" else "ray"
+
+
+#: left out of CI for time (docs/testing.md, "What each stack runs")
+BY_HAND = pytest.mark.beyond_ci
+
+
 @needs_backend
 @pytest.mark.many_processes
-# by hand for CI's time (85 s each): CI runs TP 2 on vLLM's Ray executor below, the executor Trinity's
-# rollout uses, and the prompt-logprob and graph tests run the release's runner at TP 1
-@pytest.mark.beyond_ci
-@pytest.mark.parametrize("tp", [1, 2])
+# TP 1 by hand for CI's time (85 s): the prompt-logprob and graph tests run the release's runner at TP 1
+@pytest.mark.parametrize(
+    "tp",
+    [pytest.param(1, marks=BY_HAND), pytest.param(2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else BY_HAND)],
+)
 def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
     """``GENERATE`` on vLLM's multiprocess executor: one worker per simulated NPU, the TP group on the
     simulated hccl."""
@@ -212,6 +222,7 @@ def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates
 
 @needs_backend
 @pytest.mark.many_processes
+@(BY_HAND if TRINITYS_TP2_EXECUTOR != "ray" else lambda test: test)
 def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_generates(
     tmp_path: Path,
 ) -> None:
@@ -304,8 +315,10 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
         def main():
             tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
             from vllm import LLM, SamplingParams
+            # vLLM's profile run prefills max_num_batched_tokens (default 8192) through Triton's rope, which
+            # the simulation interprets: the batch of a 256-token model
             llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
-                      enable_sleep_mode=True)
+                      enable_sleep_mode=True, max_num_batched_tokens=256)
             prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [11, 12, 13]}]
             greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
             gen = lambda: [list(r.outputs[0].token_ids) for r in llm.generate(prompts, greedy, use_tqdm=False)]
@@ -347,7 +360,8 @@ def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garb
         def main():
             tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"))
             from vllm import LLM
-            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, enable_sleep_mode=True)
+            llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, enable_sleep_mode=True,
+                      max_num_batched_tokens=256)
             llm.sleep(level=1)
             try:
                 llm.wake_up()
@@ -567,7 +581,7 @@ def test_trinitys_prompt_logprob_patch_runs_on_the_real_model_runner() -> None:
             tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
             from vllm import LLM, SamplingParams
             llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=64, seed=0,
-                      distributed_executor_backend="mp",
+                      distributed_executor_backend="mp", max_num_batched_tokens=64,
                       worker_extension_cls="trinity.common.models.vllm_worker.WorkerExtension")
             llm.collective_rpc("apply_patches")
             prompt = [5, 6, 7, 8, 9, 10, 11]

@@ -38,19 +38,25 @@ out = {"has_triton": HAS_TRITON, "target": [target.backend, target.arch],
 compile_ = subprocess.run([shutil.which("bisheng"), "-c", "kernel.cpp"], capture_output=True, text=True)
 out["compile"] = [compile_.returncode, compile_.stderr]
 
-# vLLM's slot mapping (v1/worker/block_table.py), which vllm-ascend's model runner launches every step
-from vllm.v1.worker.block_table import _compute_slot_mapping_kernel
+# vLLM's slot mapping (v1/worker/block_table.py, from vLLM 0.23), which vllm-ascend's runner launches every step
+try:
+    from vllm.v1.worker.block_table import _compute_slot_mapping_kernel
+except ImportError:  # vLLM 0.18 computes it in torch
+    _compute_slot_mapping_kernel = None
+out["slots"] = None
 dev, block = "npu:0", 16
-starts = torch.tensor([0, 5, 6, 20], dtype=torch.int32, device=dev)
-positions = torch.cat([torch.arange(0, 5), torch.arange(30, 31), torch.arange(2, 16)]).to(dev)
-table = torch.randint(0, 100, (8, 10), dtype=torch.int32).to(dev)
-slots = torch.full((64,), 7, dtype=torch.int64, device=dev)
-_compute_slot_mapping_kernel[(4,)](20, 64, starts, positions, table, table.stride(0), block, slots,
-    TOTAL_CP_WORLD_SIZE=1, TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=1, PAD_ID=-1, BLOCK_SIZE=1024)
-request = torch.repeat_interleave(torch.arange(3), torch.tensor([5, 1, 14]))
-p = positions.cpu()
-reference = table.cpu()[request, p // block].long() * block + p % block
-out["slots"] = [slots.device.type, torch.equal(slots[:20].cpu(), reference), bool((slots[20:].cpu() == -1).all())]
+if _compute_slot_mapping_kernel is not None:
+    starts = torch.tensor([0, 5, 6, 20], dtype=torch.int32, device=dev)
+    positions = torch.cat([torch.arange(0, 5), torch.arange(30, 31), torch.arange(2, 16)]).to(dev)
+    table = torch.randint(0, 100, (8, 10), dtype=torch.int32).to(dev)
+    slots = torch.full((64,), 7, dtype=torch.int64, device=dev)
+    _compute_slot_mapping_kernel[(4,)](20, 64, starts, positions, table, table.stride(0), block, slots,
+        TOTAL_CP_WORLD_SIZE=1, TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=1, PAD_ID=-1, BLOCK_SIZE=1024)
+    request = torch.repeat_interleave(torch.arange(3), torch.tensor([5, 1, 14]))
+    p = positions.cpu()
+    reference = table.cpu()[request, p // block].long() * block + p % block
+    out["slots"] = [slots.device.type, torch.equal(slots[:20].cpu(), reference),
+                    bool((slots[20:].cpu() == -1).all())]
 
 # vllm-ascend's rotary embedding (ops/triton/rope.py, AscendRotaryEmbedding's path where Triton is found), NeoX
 from vllm_ascend.ops.triton.triton_utils import init_device_properties_triton
@@ -83,7 +89,7 @@ def test_the_real_kernels_run_in_the_interpreter_on_npu_tensors() -> None:
     # 20 AI cores for a 910B3, and triton-ascend's own NPUUtils makes twice as many vector cores of them
     assert seen["properties"] == {"max_shared_mem": 1, "num_aicore": 20, "num_vectorcore": 40}
     assert seen["compile"][0] == 1 and "SimulatedComputeBoundary" in seen["compile"][1]
-    assert seen["slots"] == ["npu", True, True]
+    assert seen["slots"] == (["npu", True, True] if RELEASE == "0.23.0.post1" else None)
     assert seen["rope"] == ["npu", True, True]
 
 
