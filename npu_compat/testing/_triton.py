@@ -103,7 +103,7 @@ def _set_driver(triton: ModuleType) -> None:
         return
     from triton.runtime import driver, interpreter  # type: ignore[import-not-found]
 
-    if isinstance(getattr(driver, "_active", None), driver_class):
+    if isinstance(driver.active, driver_class):  # set already (the default is a lazy proxy, not a driver)
         return
     driver.set_active(_npu_driver(driver_class))
     npu_options = ascend.compiler.__init__.__globals__.get("NPUOptions")  # the backend's compiler module
