@@ -354,10 +354,12 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     tmp_path: Path, tiny_model: Path
 ) -> None:
     """The bundled config with the rollout at TP 2 and ``enforce_eager: true``, on the released vllm-ascend
-    (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``: 0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0), not the stand-in: Trinity's ``vLLMRolloutModel``
-    builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
+    (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``: 0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0), not the
+    stand-in: Trinity's ``vLLMRolloutModel`` builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
-    to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2."""
+    to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2.  On 0.6.0
+    vLLM's multiprocess workers in the rollout actor see the actor's NPUs because npu-compat has Ray list them
+    ascending (``ray.npu.visible_devices_ascending``, field failure F9: Ray gave ``2,1``)."""
     _result, text = _real_run_to_the_end(
         tmp_path, tiny_model, "eager-tp2", npus=3, edit=lambda text: text.replace(*EAGER_TP2)
     )
