@@ -105,8 +105,13 @@ def snapshot(ours_only: bool = False) -> dict[str, Any]:
             k: v for k, v in environ.items() if k.startswith("NPU_COMPAT") or k in OURS_ONLY["environ"]
         }
         threads = [t for t in threads if t.startswith(OURS_ONLY["thread"])]
+        # npu-compat's finders; the simulated host's own (npu_compat.testing: triton-ascend's driver, set when
+        # upstream imports triton) belong to the host, like upstream's
         finders = [
-            id(f) for f in sys.meta_path if type(f).__module__.startswith(("npu_compat", "_npu_compat"))
+            id(f)
+            for f in sys.meta_path
+            if type(f).__module__.startswith(("npu_compat", "_npu_compat"))
+            and not type(f).__module__.startswith("npu_compat.testing")
         ]
         path = []
     return {"environ": environ, "threads": threads, "meta_path": finders, "path": path}
