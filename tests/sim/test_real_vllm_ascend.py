@@ -301,6 +301,8 @@ def test_vllm_ascends_camem_allocator_keeps_addresses_and_gives_memory_back() ->
 
 @needs_backend
 @pytest.mark.many_processes
+# 0.23.0.post1's by hand for CI's time (85 s): CI runs 0.18.0's (stack c)
+@(BY_HAND if RELEASE == "0.23.0.post1" else lambda test: test)
 def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage() -> None:
     """``LLM(enable_sleep_mode=True)`` on the real ``NPUWorker``: level 1 offloads the weights and frees the
     device (vLLM's log says how much), and the engine generates the same tokens after ``wake_up``; level 2
