@@ -81,6 +81,8 @@ SIMULATE_DEVICES = "NPU_COMPAT_SIMULATE_DEVICES"
 SIMULATE_NPU_MEMORY = "NPU_COMPAT_SIMULATE_NPU_MEMORY"
 #: Its default: an Ascend 910B3's 64 GiB of HBM.
 SIMULATED_NPU_MEMORY = 64 << 30
+#: The simulated SoC, as CANN names it (``rtGetSocVersion``).
+SIMULATED_SOC = "Ascend910B3"
 
 #: Where the simulated NPU's C++ backend is compiled and cached (default
 #: ``$XDG_CACHE_HOME/npu_compat``, else ``~/.cache/npu_compat``).

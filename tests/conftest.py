@@ -65,6 +65,12 @@ def trinity_or_skip(releases: tuple[str, ...], what: str) -> str:
     return trinity
 
 
+def beyond_ci_where(condition: bool) -> Any:
+    """``beyond_ci`` (left out of CI for time, docs/testing.md "What each stack runs") on the stacks where
+    ``condition``; nothing elsewhere."""
+    return pytest.mark.beyond_ci if condition else (lambda test: test)
+
+
 def clean_env(extra: dict[str, str] | None = None, pythonpath: list[str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DECISION_VARS}
     paths = [*(pythonpath or []), str(REPO)]

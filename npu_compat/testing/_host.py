@@ -72,9 +72,8 @@ def simulation_env(
     env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
     env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
     _library_path_first(env)
-    path = env.get("PATH") or os.environ.get("PATH", os.defpath)  # an environ of the simulation's alone: ours
-    rest = [p for p in path.split(os.pathsep) if p and p != str(COMPILER_BIN)]
-    env["PATH"] = os.pathsep.join([str(COMPILER_BIN), *rest])
+    # an environ of the simulation's alone (no PATH) gets this process's PATH after the compiler
+    _first_on(env, "PATH", str(COMPILER_BIN), default=os.environ.get("PATH", os.defpath))
     env.setdefault(_env.TRITON_INTERPRET, "1")
     ours = all_sites()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
@@ -92,8 +91,13 @@ def _library_path_first(env: dict[str, str]) -> None:
             stacklevel=3,
         )
         return
-    rest = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != where]
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([where, *rest])
+    _first_on(env, "LD_LIBRARY_PATH", where)
+
+
+def _first_on(env: dict[str, str], name: str, directory: str, default: str = "") -> None:
+    """``directory`` first on the search path ``env[name]`` (``default`` where unset or empty), once."""
+    rest = [p for p in (env.get(name) or default).split(os.pathsep) if p and p != directory]
+    env[name] = os.pathsep.join([directory, *rest])
 
 
 def put_sites_first(environ: Mapping[str, str]) -> None:

@@ -61,7 +61,7 @@ _COUNTS: collections.Counter[str] = collections.Counter()
 _LOCK = threading.Lock()
 _GIB = 1 << 30
 TOTAL_MEMORY = _env.SIMULATED_NPU_MEMORY  # an Ascend 910B3 has 64 GiB of HBM
-DEVICE_NAME = "Ascend910B3 (simulated)"
+DEVICE_NAME = f"{_env.SIMULATED_SOC} (simulated)"
 
 #: The C++ backend once :func:`install` loaded it; ``None`` at the compute boundary.
 NATIVE: Any = None

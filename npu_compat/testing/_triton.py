@@ -32,13 +32,13 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
+from .. import _env
 from ._boundary import needs_npu
 
-#: What CANN's runtime reports on the simulated SoC, an Ascend 910B3: ``rtGetSocVersion``'s name, and
-#: ``rtGetAiCoreCount``'s 20 AI cores (Project-HAMi/HAMi, ``charts/hami/templates/scheduler/
-#: device-configmap.yaml``: chip 910B3, ``aiCore: 20``, 65536 MiB).  triton-ascend 3.2.0's ``NPUUtils``
-#: reports twice as many vector cores (``get_device_properties``).
-SOC_NAME = "Ascend910B3"
+#: What CANN's runtime reports on the simulated SoC, an Ascend 910B3 (``_env.SIMULATED_SOC``,
+#: ``rtGetSocVersion``'s name): ``rtGetAiCoreCount``'s 20 AI cores (Project-HAMi/HAMi, ``charts/hami/
+#: templates/scheduler/device-configmap.yaml``: chip 910B3, ``aiCore: 20``, 65536 MiB).  triton-ascend
+#: 3.2.0's ``NPUUtils`` reports twice as many vector cores (``get_device_properties``).
 AI_CORES = 20
 
 
@@ -48,7 +48,7 @@ class SimulatedNpuUtils:
 
     @staticmethod
     def get_arch() -> str:
-        return SOC_NAME
+        return _env.SIMULATED_SOC
 
     @staticmethod
     def get_aicore_num() -> int:

@@ -20,7 +20,7 @@ import pytest
 from packaging.version import Version
 
 from npu_compat.tools.timeline import Row, render_text
-from tests.conftest import trinity_or_skip
+from tests.conftest import beyond_ci_where, trinity_or_skip
 from tests.e2e import scenario
 
 TRINITY = trinity_or_skip(("0.5.", "0.6."), "the bundled config is for trinity-rft 0.5/0.6")
@@ -56,11 +56,6 @@ ROLLOUT_SIDE = [
     *([] if REL_052 else ["rollout_pg_ready"]),
     "rollout_actor_scheduled",
 ]
-
-
-def beyond_ci_where(condition: bool) -> Any:
-    """``beyond_ci`` (left out of CI for time, docs/testing.md "What each stack runs") on the stacks where ``condition``."""
-    return pytest.mark.beyond_ci if condition else (lambda test: test)
 
 
 @pytest.fixture(scope="module")

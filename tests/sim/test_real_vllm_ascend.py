@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from npu_compat.testing import _sites, _vllm_ascend_release
-from tests.conftest import run_py
+from tests.conftest import beyond_ci_where, run_py
 from tests.sim.npu_backend import free_port, needs_backend, sim_env
 
 VLLM = _sites.installed_vllm()
@@ -194,16 +194,15 @@ def assert_generated(seen: dict[str, Any], tp: int) -> None:
 TRINITYS_TP2_EXECUTOR = "mp" if RELEASE == "0.23.0.post1" else "ray"
 
 
-#: left out of CI for time (docs/testing.md, "What each stack runs")
-BY_HAND = pytest.mark.beyond_ci
-
-
 @needs_backend
 @pytest.mark.many_processes
 # TP 1 by hand for CI's time (85 s): the prompt-logprob and graph tests run the release's runner at TP 1
 @pytest.mark.parametrize(
     "tp",
-    [pytest.param(1, marks=BY_HAND), pytest.param(2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else BY_HAND)],
+    [
+        pytest.param(1, marks=pytest.mark.beyond_ci),
+        pytest.param(2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else pytest.mark.beyond_ci),
+    ],
 )
 def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
     """``GENERATE`` on vLLM's multiprocess executor: one worker per simulated NPU, the TP group on the
@@ -222,7 +221,7 @@ def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates
 
 @needs_backend
 @pytest.mark.many_processes
-@(BY_HAND if TRINITYS_TP2_EXECUTOR != "ray" else lambda test: test)
+@beyond_ci_where(TRINITYS_TP2_EXECUTOR != "ray")
 def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_generates(
     tmp_path: Path,
 ) -> None:
@@ -302,7 +301,7 @@ def test_vllm_ascends_camem_allocator_keeps_addresses_and_gives_memory_back() ->
 @needs_backend
 @pytest.mark.many_processes
 # 0.23.0.post1's by hand for CI's time (85 s): CI runs 0.18.0's (stack c)
-@(BY_HAND if RELEASE == "0.23.0.post1" else lambda test: test)
+@beyond_ci_where(RELEASE == "0.23.0.post1")
 def test_sleep_mode_frees_the_device_and_level_2_without_a_reload_generates_garbage() -> None:
     """``LLM(enable_sleep_mode=True)`` on the real ``NPUWorker``: level 1 offloads the weights and frees the
     device (vLLM's log says how much), and the engine generates the same tokens after ``wake_up``; level 2
