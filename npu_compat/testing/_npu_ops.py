@@ -1287,7 +1287,26 @@ TORCH_NPU_NAMES = frozenset(_TORCH_NPU)
 def torch_npu_names() -> dict[str, object]:
     """``torch_npu`` attribute name -> its operator packet (``torch.ops.<namespace>.<name>``)."""
     register()
-    return {name: getattr(getattr(torch.ops, namespace), name) for name, namespace in _TORCH_NPU.items()}
+    names = {name: getattr(getattr(torch.ops, namespace), name) for name, namespace in _TORCH_NPU.items()}
+    for packet in names.values():
+        if "out" in packet.overloads() and type(packet.out) is torch._ops.OpOverload:
+            packet.out.__class__ = _OutListOverload  # the same object: the dispatcher's, fake kernels' alike
+    return names
+
+
+class _OutListOverload(torch._ops.OpOverload):  # type: ignore[misc]
+    """An ``.out`` overload that also takes its out arguments as one ``out=[...]`` list, in order, as
+    torch_npu's Python binding does (``npu_fused_infer_attention_score.out(..., out=[output, lse])`` in
+    torch_npu's own ``test_aclgraph_update.py`` and in vllm-ascend)."""
+
+    def __call__(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        if out is not None:
+            names = [a.name for a in self._schema.arguments if a.is_out]
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)
+            if len(outs) != len(names):
+                raise TypeError(f"{self}: out= takes {len(names)} tensors, got {len(outs)}")
+            kwargs.update(zip(names, outs, strict=True))
+        return super().__call__(*args, **kwargs)
 
 
 def has_atb(api_name: str) -> bool:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
+from . import _npu_graphs as _graphs
 from ._boundary import SimulatedComputeBoundary, needs_npu
 from ._npu_backend import failure as backend_failure
 from ._npu_backend import load as load_backend
@@ -299,6 +300,12 @@ class Stream(torch.Stream):  # type: ignore[misc]
         """The stream's handle (torch_npu gives the ``aclrtStream`` address; the id names it here)."""
         return int(self.stream_id)
 
+    def synchronize(self) -> None:
+        """Done at once; the compute boundary while an ACL graph replay on it is held (it would wait)."""
+        if _graphs.held_on(int(self.stream_id)):
+            _graphs.check_no_held_replay(f"synchronize() of npu stream {self.stream_id}")
+        super().synchronize()
+
     @classmethod
     def _of(cls, stream: Any) -> Stream:
         return cls(
@@ -373,7 +380,8 @@ def _build_module() -> types.ModuleType:
 
     @_record
     def synchronize(device: Any = None) -> None:
-        pass  # every operator is done when it returns
+        # every operator is done when it returns, but a held ACL graph replay
+        _graphs.check_no_held_replay("torch.npu.synchronize()")
 
     @_record
     def empty_cache() -> None:

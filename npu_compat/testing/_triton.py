@@ -17,7 +17,8 @@ and launched through a compiled launcher.  On the simulated host:
   launch copies its tensors to the host, runs the kernel there with numpy, and copies them back -- on the
   simulated device, host memory to host memory.  The launch options of triton-ascend's compiler (its
   ``NPUOptions``: ``multibuffer`` and the like, which the compiled launcher takes and the interpreter does
-  not know) are dropped at launch, as the interpreter drops CUDA's ``num_warps``.
+  not know) are dropped at launch, as the interpreter drops CUDA's ``num_warps``.  Inside an ACL graph
+  capture a launch is one task of the graph (:func:`._npu_graphs.launch`), rerun on replay.
 
 :func:`install` arranges all of it in a process: at once if ``triton`` is imported, else when it is.  A
 ``triton`` without the Ascend backend (a CUDA build) is left alone.
@@ -26,6 +27,7 @@ and launched through a compiled launcher.  On the simulated host:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
@@ -110,6 +112,24 @@ def _set_driver(triton: ModuleType) -> None:
     if dataclasses.is_dataclass(npu_options):
         reserved = interpreter.RESERVED_KWS
         reserved.extend(f.name for f in dataclasses.fields(npu_options) if f.name not in reserved)
+    _launch_as_one_task(interpreter.GridExecutor)
+
+
+def _launch_as_one_task(executor: Any) -> None:
+    """An interpreted launch inside an ACL graph capture is one task of the graph, as a compiled kernel's
+    launch is (``_npu_graphs.launch``): not the host copies the interpreter makes of its tensors."""
+    interpreted = executor.__call__
+    if getattr(interpreted, "_npu_graph_launch", False):
+        return
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from . import _npu_graphs  # torch is imported by now
+
+        name = f"triton kernel {getattr(self.fn, '__name__', self.fn)}"
+        return _npu_graphs.launch(functools.partial(interpreted, self), args, kwargs, name)
+
+    __call__._npu_graph_launch = True  # type: ignore[attr-defined]
+    executor.__call__ = __call__
 
 
 def _npu_driver(driver_class: Any) -> Any:

@@ -173,3 +173,95 @@ def test_npu_compats_sync_keeps_every_storage_the_graphs_read() -> None:
     )
     assert out["reshaped_eager"] == [5, 0]
     assert out["stock_replay_is_new_weights"] is False
+
+
+TASK_GROUPS = """
+import json, torch, torch_npu
+from npu_compat.testing._boundary import SimulatedComputeBoundary
+torch.manual_seed(0)
+dev = "npu:0"
+x = torch.randn(4, device=dev)
+y = torch.empty(4, device=dev)
+two, three = torch.full((4,), 2.0, device=dev), torch.full((4,), 3.0, device=dev)
+event = torch.npu.ExternalEvent()
+out = {}
+handles = []
+# as vllm-ascend captures each attention layer of a FULL graph, inside vLLM's attention operator (a Python
+# operator of vLLM's direct_register_custom_op, on the device's dispatch key)
+lib = torch.library.Library("sim_test", "DEF")
+lib.define("attention(Tensor x, Tensor(a!) y) -> ()")
+
+def attention(x, y):
+    stream = torch.npu.current_stream()
+    event.wait(stream)
+    event.reset(stream)
+    torch.npu.graph_task_group_begin(stream)
+    torch.mul(x, two, out=y)
+    handles.append(torch.npu.graph_task_group_end(stream))
+
+lib.impl("attention", attention, "PrivateUse1")
+g = torch.npu.NPUGraph()
+with torch.npu.graph(g):
+    torch.ops.sim_test.attention(x, y)
+    z = y + 1
+handle = handles[0]
+out["tasks"] = [t.name for t in g._recording.tasks]
+update_stream = torch.npu.Stream()
+
+def update(other, op=torch.mul):
+    with torch.npu.stream(update_stream):
+        torch.npu.graph_task_update_begin(update_stream, handle)
+        op(x, other, out=y)
+        torch.npu.graph_task_update_end(update_stream)
+        event.record(update_stream)
+
+def boundary(f):
+    try:
+        f()
+        return "ran"
+    except SimulatedComputeBoundary as e:
+        return str(e)
+
+x.copy_(torch.randn(4))
+g.replay()                               # held at the event's wait: nothing after it has run yet
+out["held_read"] = boundary(lambda: z.tolist())
+out["held_sync"] = boundary(torch.npu.synchronize)
+update(three)                            # the group's new arguments, then the event: the replay goes on
+out["updated"] = z.tolist() == (x * 3 + 1).tolist()
+x.copy_(torch.randn(4))
+g.replay()
+event.record(update_stream)              # no new arguments: the last update's stand
+out["kept"] = z.tolist() == (x * 3 + 1).tolist()
+g.replay()
+try:
+    update(two, op=torch.add)
+except RuntimeError as e:
+    out["mismatch"] = str(e)
+update(two)
+out["again"] = z.tolist() == (x * 2 + 1).tolist()
+outside = torch.npu.ExternalEvent()
+out["outside_wait"] = boundary(lambda: outside.wait(torch.npu.current_stream()))
+print(json.dumps(out))
+"""
+
+
+def test_task_groups_take_new_arguments_while_the_replay_waits_on_its_event() -> None:
+    """vllm-ascend's FULL graphs: each attention layer is captured behind an ``ExternalEvent``'s wait as a task
+    group, replayed, then given the step's arguments from an update stream before its event is recorded."""
+    out = sim_json(TASK_GROUPS, devices=1)
+    # the operator's own tasks, in the order it issued them
+    assert out["tasks"] == [
+        "ExternalEvent.wait", "ExternalEvent.reset", "aten.mul.out", "aten.add.Tensor"
+    ], out["tasks"]  # fmt: skip
+    assert out["held_read"].startswith(
+        "simulated Ascend: aten._to_copy.default issued behind a held ACL graph replay"
+    )
+    assert out["held_sync"].startswith(
+        "simulated Ascend: torch.npu.synchronize() needs a real NPU (the replay waits"
+    )
+    assert out["updated"] and out["kept"] and out["again"]
+    assert out["mismatch"] == (
+        "simulated npu: graph_task_update_end: the update issued ['aten.add.out'] for a task group of "
+        "['aten.mul.out']; an update gives each of the group's tasks, one for one, new arguments"
+    )
+    assert "ExternalEvent not yet recorded, outside a graph" in out["outside_wait"]

@@ -75,6 +75,18 @@ def rotated(x):
     return torch.cat([x1 * cos[:, None] - x2 * sin[:, None], x2 * cos[:, None] + x1 * sin[:, None]], -1)
 out["rope"] = [q_out.device.type, torch.allclose(q_out.cpu(), rotated(q_ref), atol=1e-5),
                torch.allclose(k_out.cpu(), rotated(k_ref), atol=1e-5)]
+
+# the same kernel captured in an ACL graph (vllm-ascend's graph mode): a replay reruns it on what the captured
+# memory now holds, as the device reruns a kernel's launch
+graph = torch.npu.NPUGraph()
+with torch.npu.graph(graph):
+    rope_forward_triton(q, k, cos_sin_cache=cache, positions=where, rope_dim=dim, is_neox_style=True)
+q_ref, k_ref = torch.randn(tokens, heads, dim), torch.randn(tokens, kv_heads, dim)
+q.copy_(q_ref)
+k.copy_(k_ref)
+graph.replay()
+out["graph"] = [[t.name for t in graph._recording.tasks if "triton" in t.name],
+                torch.allclose(q.cpu(), rotated(q_ref), atol=1e-5), torch.allclose(k.cpu(), rotated(k_ref), atol=1e-5)]
 print(json.dumps(out))
 """
 
@@ -91,6 +103,8 @@ def test_the_real_kernels_run_in_the_interpreter_on_npu_tensors() -> None:
     assert seen["compile"][0] == 1 and "SimulatedComputeBoundary" in seen["compile"][1]
     assert seen["slots"] == (["npu", True, True] if RELEASE == "0.23.0.post1" else None)
     assert seen["rope"] == ["npu", True, True]
+    # captured, the launch is one task of the graph, and the replay rotates the new q and k
+    assert seen["graph"] == [["triton kernel _triton_rope"], True, True]
 
 
 def test_outside_the_simulation_triton_ascend_has_no_active_driver() -> None:
