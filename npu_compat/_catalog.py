@@ -184,6 +184,28 @@ VLLM_ASCEND_SPECS = (
         upstream_fix="vllm-ascend raising where the HCCL library is missing on an NPU host",
         remove_when="the released PyHcclCommunicator fails loudly itself",
     ),
+    PatchSpec(
+        "vllm_ascend.worker.weight_update_noted",
+        "vllm_ascend.worker.worker:NPUWorker.start_weight_update",
+        distribution="vllm-ascend", versions=">=0.23,<0.24",
+        wrapper=_P + "vllm_ascend_weight_update:note_at_start",
+        why="notes the storage of every parameter and buffer when an RL weight update starts, for "
+        "vllm_ascend.worker.weight_update_graph_safe (field failure F1)",
+        upstream_fix="vllm-ascend's graph-safe weight updates (RFC 'Make live weight updates transactional')",
+        remove_when="a vllm-ascend release whose reload keeps every storage the ACL graphs read",
+    ),
+    PatchSpec(
+        "vllm_ascend.worker.weight_update_graph_safe",
+        "vllm_ascend.worker.worker:NPUWorker.finish_weight_update",
+        distribution="vllm-ascend", versions=">=0.23,<0.24",
+        wrapper=_P + "vllm_ascend_weight_update:put_back_at_finish",
+        why="an ACL graph replays the memory it was captured with and vllm-ascend cannot capture again: an "
+        "update (vLLM's layerwise reload) that re-allocates a tensor would leave the rollout generating from "
+        "the old weights (field failure F1). After the update every tensor is back in its storage, and "
+        "the log says how many had moved",
+        upstream_fix="vllm-ascend's graph-safe weight updates (RFC 'Make live weight updates transactional')",
+        remove_when="a vllm-ascend release whose reload keeps every storage the ACL graphs read",
+    ),
 )  # fmt: skip
 
 # -- torch.compile (rows A26, B29) ---------------------------------------------------------------------

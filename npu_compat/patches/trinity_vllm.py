@@ -141,29 +141,36 @@ def _tensors(model: Any) -> Iterator[tuple[str, dict[str, Any], str, Any]]:
                     yield (f"{prefix}.{attr}" if prefix else attr, registry, attr, tensor)
 
 
-def _runs_graphs(worker: Any) -> bool:
+def runs_graphs(worker: Any) -> bool:
     """Whether the worker's engine replays captured graphs (vLLM's ``cudagraph_mode``, ACL graphs here)."""
     config = getattr(getattr(worker, "vllm_config", None), "compilation_config", None)
     mode = getattr(config, "cudagraph_mode", None)
     return mode is not None and getattr(mode, "name", str(mode)) != "NONE"
 
 
-def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
-    """Run ``sync()`` so that every parameter and buffer of ``model`` keeps the storage it had.
+#: What :func:`note_storages` notes of each tensor: name, registry, attribute, the tensor, its data.
+Noted = list[tuple[str, dict[str, Any], str, Any, Any]]
 
-    Returns ``(sync's result, tensors checked, tensors put back)``.  A tensor whose storage moved,
-    with its shape, dtype and strides unchanged, is copied back into the old storage, and the module
-    is bound to the old tensor object again (the same ``Parameter``, so the loaders and attributes
-    it carries stay).  Where that cannot be done and ``graphs`` is true, :class:`GraphUnsafeSync`.
+
+def note_storages(model: Any) -> Noted:
+    """Every parameter and buffer of ``model`` with the storage it has now, for :func:`put_back`."""
+    return [(name, registry, attr, tensor, tensor.data) for name, registry, attr, tensor in _tensors(model)]
+
+
+def put_back(noted: Noted, graphs: bool) -> tuple[int, int]:
+    """Bind every noted tensor to the storage it had, copying in what a sync left elsewhere.
+
+    Returns ``(tensors checked, tensors put back)``.  A tensor whose storage moved, with its shape, dtype
+    and strides unchanged, is copied back into the old storage, and the module is bound to the old tensor
+    object again (the same ``Parameter``, so the loaders and attributes it carries stay).  Where that
+    cannot be done and ``graphs`` is true, :class:`GraphUnsafeSync`.
     """
     import torch
 
-    before = [(name, registry, attr, tensor, tensor.data) for name, registry, attr, tensor in _tensors(model)]
-    result = sync()
     restored = 0
     unsafe = []
     with torch.no_grad():
-        for name, registry, attr, tensor, kept in before:
+        for name, registry, attr, tensor, kept in noted:
             now = registry.get(attr)
             if now is None:
                 unsafe.append(f"{name} (removed)")
@@ -186,7 +193,15 @@ def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
             f"npu-compat cannot put them back in place: {', '.join(unsafe[:5])}. The graphs would replay "
             "the old weights; run the rollout engine eagerly (explorer.rollout_model.enforce_eager: true)."
         )
-    return (result, len(before), restored)
+    return (len(noted), restored)
+
+
+def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
+    """Run ``sync()`` so that every parameter and buffer of ``model`` keeps the storage it had
+    (:func:`put_back`): ``(sync's result, tensors checked, tensors put back)``."""
+    noted = note_storages(model)
+    result = sync()
+    return (result, *put_back(noted, graphs))
 
 
 def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -195,7 +210,7 @@ def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
     if not callable(getattr(model, "named_modules", None)):  # no torch module to keep: the sync as it is
         return wrapped(*args, **kwargs)
     (result, checked, restored) = keep_storages(
-        model, lambda: wrapped(*args, **kwargs), _runs_graphs(instance)
+        model, lambda: wrapped(*args, **kwargs), runs_graphs(instance)
     )
     if restored:
         logger.info(

@@ -298,21 +298,15 @@ def _real_vllm_ascend_laid_out() -> bool:
 EAGER_TP2 = ("    tensor_parallel_size: 1\n", "    tensor_parallel_size: 2\n    enforce_eager: true\n")
 
 
-def on_the_real_vllm_ascend(*, only_052: bool = False) -> Any:
+def on_the_real_vllm_ascend() -> Any:
     """The marks of a whole run on the released vllm-ascend paired with the stack's vLLM (0.23.0.post1 on
-    stacks a and b, 0.18.0 on stack c); ``only_052``: Trinity 0.5.2 with 0.18.0 only (stack c)."""
+    stacks a and b, 0.18.0 on stack c)."""
 
     def marks(test: Any) -> Any:
         test = pytest.mark.uses_verl(test)
         test = pytest.mark.skipif(
             not _real_vllm_ascend_laid_out(), reason="the real vllm-ascend is not laid out here"
         )(test)
-        if only_052:
-            test = pytest.mark.skipif(
-                not REL_052,
-                reason="graph mode on vllm-ascend 0.23.0.post1 captures FULL ACL graphs, a boundary of the "
-                "simulation (tests/sim/test_real_vllm_ascend.py): trinity-rft 0.5.2 with vllm-ascend 0.18.0 (stack c)",
-            )(test)
         return test
 
     return marks
@@ -364,25 +358,42 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
 
 
-@on_the_real_vllm_ascend(only_052=True)
-@pytest.mark.beyond_ci  # 5 min on stack c: CI runs the same graphs across syncs in tests/sim/test_real_vllm_ascend.py
-def test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_model: Path) -> None:
+@on_the_real_vllm_ascend()
+@pytest.mark.beyond_ci  # 5 min per stack: CI runs the same graphs across syncs in tests/sim/test_real_vllm_ascend.py
+def test_compat_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_model: Path) -> None:
     """The bundled config as it is -- the rollout at Trinity's defaults, ``enforce_eager`` false -- on the
-    released vllm-ascend 0.18.0: vLLM compiles the model (each piece through torchair's npugraph_ex, in
-    AsyncLLM's spawned engine core) and captures its PIECEWISE ACL graphs (the simulation records and replays
-    them on the storages they captured), and the run goes to the end through three syncs, each with
-    npu-compat's sync guard around Trinity's ``update_weight``, which had nothing to put back: 0.5.2's
-    ``load_weights`` writes in place.  (Not yet: each sync's digest, and greedy tokens after the last sync
-    against an eager engine on the trainer's final weights.)"""
+    released vllm-ascend.  vLLM compiles the model and captures its ACL graphs (the simulation records and
+    replays them on the storages they captured): on 0.18.0 (Trinity 0.5.2) PIECEWISE graphs, each piece
+    through torchair's npugraph_ex in AsyncLLM's spawned engine core; on 0.23.0.post1 (Trinity 0.6.0) PIECEWISE
+    graphs and FULL decode graphs, whose attention layers take each step's lengths through task updates.  The
+    run goes to the end through its syncs, each with npu-compat's sync guard around the weight update (0.5.2's
+    ``update_weight``; 0.23.0.post1's ``start``/``finish_weight_update`` on the NPUWorker), which had nothing
+    to put back: Trinity's loads, and vLLM's layerwise reload, write in place."""
     result, text = _real_run_to_the_end(tmp_path, tiny_model, "graphs")
     assert "enforce_eager=False" in text
-    # AsyncLLM's engine core, a spawned process, makes its own ascend config: npugraph_ex on (run eagerly), and
-    # vLLM's wrapper captures each size's PIECEWISE graphs
-    assert "enable_npugraph_ex is enabled" in text
     assert "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%" in text
-    # Trinity's sync writes each parameter in place: the guard had nothing to put back
-    assert "put back in place" not in text
-    _assert_applied(result, {"vllm (EngineCore)": ["trinity.vllm_worker.graph_safe_sync"]})
+    if REL_052:
+        # AsyncLLM's engine core, a spawned process, makes its own ascend config: npugraph_ex on (run eagerly)
+        assert "enable_npugraph_ex is enabled" in text
+        # Trinity's sync writes each parameter in place: the guard had nothing to put back
+        assert "put back in place" not in text
+        _assert_applied(result, {"vllm (EngineCore)": ["trinity.vllm_worker.graph_safe_sync"]})
+        return
+    assert "Capturing CUDA graphs (decode, FULL): 100%" in text
+    # each update through vLLM's layerwise reload left every tensor in the storage the graphs captured
+    updates = re.findall(
+        r"weight update: (\d+) of (\d+) tensors kept their storage, (\d+) re-allocated", text
+    )
+    assert len(updates) >= 2 and all(kept == of and moved == "0" for kept, of, moved in updates), updates
+    _assert_applied(
+        result,
+        {
+            "vllm (VllmWorker-0)": [
+                "vllm_ascend.worker.weight_update_noted",
+                "vllm_ascend.worker.weight_update_graph_safe",
+            ]
+        },
+    )
 
 
 @beyond_ci_where(REL_052)  # 3.5 min: on stack c by hand, stack a's in CI

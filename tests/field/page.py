@@ -12,7 +12,9 @@ def _sources(row: Row) -> str:
 
 
 def _handled(row: Row) -> str:
-    return f"{row.status} (`{row.handled_by}`)" if row.handled_by else row.status
+    if not row.handled_by:
+        return row.status
+    return f"{row.status} ({', '.join(f'`{h}`' for h in row.handled_by.split(', '))})"
 
 
 def render() -> str:

@@ -33,7 +33,7 @@ class Row:
     stock: str
     npu_compat: str
     status: str
-    handled_by: str = ""  # the patch id, or the doctor check
+    handled_by: str = ""  # the patch ids (", "-separated), or the doctor check
     tests: tuple[str, ...] = ()
 
 
@@ -69,19 +69,24 @@ ROWS: tuple[Row, ...] = (
         "as vllm-ascend configures it (reduce-overhead, run eagerly: the ACL graphs are vLLM's wrapper's). "
         "Trinity 0.5.2's whole GRPO run with the bundled config, the rollout at Trinity's defaults, runs so to "
         "the end: AsyncLLM's engine core compiles through npugraph_ex, captures 19 sizes of PIECEWISE graphs "
-        "and replays them through three syncs",
+        "and replays them through three syncs. The real vllm-ascend 0.23.0.post1 engine at the same default "
+        "captures PIECEWISE graphs and FULL decode graphs, whose attention layers are ACL task groups given each "
+        "step's lengths by task updates behind ExternalEvents; Trinity 0.6.0's whole run in graph mode syncs "
+        "through vLLM's weight-transfer API (start/update/finish_weight_update, vLLM's layerwise reload)",
         "Trinity 0.5.2's own sync (model.load_weights) writes every parameter of a dense Qwen2 in place: 0 of 9 "
         "storages move and the graphs generate the new weights' tokens. A reload that re-allocates the "
         "parameters leaves the graphs on the old memory: stale tokens (the decoder on the old weights, the tied "
         "output layer on the new), or a replay error once the old memory is freed",
         "every parameter and buffer keeps its storage across the sync (moved ones copied back and re-bound): "
         "after the same re-allocating reload 0 storages moved and the tokens equal transformers' on the new "
-        "weights; a tensor whose shape changed fails the sync by name instead of generating stale tokens",
+        "weights; a tensor whose shape changed fails the sync by name instead of generating stale tokens. The "
+        "same around 0.23.0.post1's NPUWorker weight update (Trinity 0.6.0), which logs how many tensors moved",
         PATCHED,
-        "trinity.vllm_worker.graph_safe_sync",
+        "trinity.vllm_worker.graph_safe_sync, vllm_ascend.worker.weight_update_graph_safe",
         (
             "tests/sim/test_real_vllm_ascend.py::test_acl_graphs_replay_what_they_captured_across_weight_syncs",
-            "tests/e2e/test_trinity_run.py::test_compat_052_runs_in_graph_mode_on_the_real_vllm_ascend",
+            "tests/sim/test_real_vllm_ascend.py::test_a_weight_update_leaves_every_tensor_in_its_storage",
+            "tests/e2e/test_trinity_run.py::test_compat_runs_in_graph_mode_on_the_real_vllm_ascend",
             "tests/sim/test_npu_graphs.py::test_a_replay_reads_the_memory_it_captured",
             "tests/sim/test_npu_graphs.py::test_npu_compats_sync_keeps_every_storage_the_graphs_read",
         ),

@@ -35,11 +35,15 @@ pytestmark = [
 ]
 
 
+def real_run_proc(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
+    """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend."""
+    env = sim_env(devices, **{**REAL, "VLLM_ASCEND_ENABLE_NZ": "0", **extra})
+    return run_py(code, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=timeout)
+
+
 def real_run(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend; what it printed last, as JSON."""
-    env = sim_env(devices, **{**REAL, "VLLM_ASCEND_ENABLE_NZ": "0", **extra})
-    path = [str(p) for p in _sites.sites(env)]
-    proc = run_py(code, env=env, pythonpath=path, timeout=timeout)
+    proc = real_run_proc(code, timeout, devices, **extra)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # vLLM logs after it
     assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(lines[-1])
@@ -60,6 +64,75 @@ def test_the_laid_out_release_is_the_pinned_one_without_its_compiled_files() -> 
     assert (where / "vllm_ascend" / "_build_info.py").read_text().rstrip().endswith("__device_type__ = 'A2'")
     # the release's own Python, not a copy of ours: the stand-in's marker is not in it
     assert "SIMULATED" not in (where / "vllm_ascend" / "__init__.py").read_text()
+
+
+WEIGHT_UPDATE = """
+import json, logging, os, types
+import torch
+import npu_compat
+if os.environ["ACTIVE"] == "1":
+    npu_compat.activate()
+from vllm_ascend.worker.worker import NPUWorker
+from npu_compat.patches.trinity_vllm import GraphUnsafeSync
+
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+out = {"patched": [npu_compat.is_patched(NPUWorker.start_weight_update),
+                   npu_compat.is_patched(NPUWorker.finish_weight_update)]}
+model = torch.nn.Sequential(torch.nn.Linear(4, 3)).to("npu:0")
+worker = object.__new__(NPUWorker)  # the state the update's three methods read: no device, no engine
+worker.weight_transfer_engine = object()
+worker._weight_update_active = False
+worker.model_runner = types.SimpleNamespace(model=model)
+mode = types.SimpleNamespace(name="FULL_AND_PIECEWISE")
+worker.vllm_config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=mode))
+
+def update(load):
+    NPUWorker.start_weight_update(worker, is_checkpoint_format=False)
+    load()
+    NPUWorker.finish_weight_update(worker)
+
+before = model[0].weight.untyped_storage().data_ptr()
+new = torch.randn(3, 4)
+def reallocating():  # a loader that binds new memory: param.data = processed(...)
+    model[0].weight.data = new.to("npu:0")
+update(reallocating)
+out["kept"] = model[0].weight.untyped_storage().data_ptr() == before
+out["values"] = torch.equal(model[0].weight.cpu(), new)
+def reshaping():
+    model[0].weight.data = torch.randn(4, 3, device="npu:0")
+try:
+    update(reshaping)
+    out["reshaped"] = "updated"
+except GraphUnsafeSync as e:
+    out["reshaped"] = str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(RELEASE != "0.23.0.post1", reason="vLLM's weight-transfer API on NPUWorker: 0.23.0.post1")
+@pytest.mark.parametrize(
+    "active", [pytest.param(False, marks=pytest.mark.beyond_ci), True]
+)  # stock by hand (35 s): CI's time goes to the graph test below
+def test_a_weight_update_leaves_every_tensor_in_its_storage(active: bool) -> None:
+    """vllm-ascend's ``NPUWorker.start_weight_update``/``finish_weight_update`` (Trinity 0.6.0's sync, vLLM's
+    weight-transfer API) around a loader that re-allocates a parameter: stock leaves it in new memory, which
+    the captured ACL graphs do not read; with npu-compat it is back in its storage with the new values, and
+    the log says so.  A parameter whose shape changed cannot be kept: with graphs, the update fails naming it."""
+    proc = real_run_proc(WEIGHT_UPDATE, ACTIVE=str(int(active)))
+    seen = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert seen["patched"] == [active, active]
+    assert seen["values"] is True
+    assert seen["kept"] is active
+    if active:
+        assert "weight update: 1 of 2 tensors kept their storage, 1 re-allocated and put back in place" in (
+            proc.stdout + proc.stderr
+        )
+        assert seen["reshaped"].startswith(
+            "the weight sync re-allocated 1 tensor(s) the rollout's ACL graphs read, and npu-compat cannot put "
+            "them back in place: 0.weight (torch.float32 [3, 4] -> torch.float32 [4, 3])."
+        )
+    else:
+        assert seen["reshaped"] == "updated"
 
 
 def test_a_simulated_process_imports_the_real_worker_and_model_runner() -> None:
