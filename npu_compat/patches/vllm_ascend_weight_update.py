@@ -52,7 +52,8 @@ def put_back_at_finish(wrapped: Any, instance: Any, args: tuple[Any, ...], kwarg
         setattr(instance, _NOTED, None)
         checked, restored = put_back(noted, runs_graphs(instance))
         logger.info(
-            "npu-compat weight update: %d of %d tensors kept their storage, %d re-allocated and put back in place",
+            "npu-compat weight update: %d of %d tensors kept their storage, %d re-allocated and put back "
+            "in place",
             checked - restored,
             checked,
             restored,
