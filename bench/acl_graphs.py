@@ -1,15 +1,17 @@
 """The rollout's tokens per second on the simulated Ascend: ACL graph mode against eager, real vllm-ascend.
 
-Run in a stack with vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c:
-``.nox/stack-c/bin/python bench/acl_graphs.py [rounds]``).
+Run in a stack with the real vllm-ascend laid out: ``.nox/stack-c/bin/python bench/acl_graphs.py [rounds]``
+(vLLM 0.18, vllm-ascend 0.18.0) or ``.nox/stack-a/bin/python ...`` (vLLM 0.23, vllm-ascend 0.23.0.post1).
 
 One engine per mode on the tiny Qwen2 of ``tests/e2e/tiny_model.py``, each in its own simulated-Ascend process
-(TP 1): eager (``enforce_eager=True``), and graph mode at Trinity's rollout default (``enforce_eager=False``,
-which vllm-ascend runs as PIECEWISE ACL graphs) twice: with the worker in the engine's process (each piece
-compiled by inductor, npugraph_ex off) and in a process of its own (vLLM's mp executor: each piece through
-torchair's npugraph_ex, run eagerly, as in Trinity's TP 2 workers).  Each generates a batch of 16 prompts,
-64 greedy tokens each, ``rounds`` times after a warm-up; the median tokens per second of each mode and their
-ratio to eager are printed, and whether the modes generated the same tokens.
+(TP 1): eager (``enforce_eager=True``), and graph mode at Trinity's rollout default (``enforce_eager=False``)
+twice: with the worker in the engine's process and in a process of its own (vLLM's mp executor, as in
+Trinity's TP 2 workers).  0.18.0 runs graph mode as PIECEWISE ACL graphs, each piece compiled by inductor in
+the engine's process and through torchair's npugraph_ex (run eagerly) in a worker of its own; 0.23.0.post1
+captures PIECEWISE graphs and FULL decode graphs (attention as task groups updated each step), npugraph_ex
+off in both.  Each generates a batch of 16 prompts, 64 greedy tokens each, ``rounds`` times after a
+warm-up; the median tokens per second of each mode and their ratio to eager are printed, and whether the
+modes generated the same tokens.
 No floor: on the device graphs save the host's launch time, which a simulated device does not have (each
 replay reruns the captured operators in Python).
 """
@@ -78,27 +80,33 @@ def run(eager: bool, rounds: int, vllm_ascend: str = "real", executor: str = "un
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
-def rounds_on_stack_c() -> int:
-    """The rounds asked for (default 5), once this is a stack with vLLM 0.18 and vllm-ascend 0.18.0; the
-    engines are simulated hosts of their own, not this process."""
+def release_and_rounds() -> tuple[str, int]:
+    """The laid-out vllm-ascend release of this stack, and the rounds asked for (default 5); the engines are
+    simulated hosts of their own, not this process."""
     vllm = _sites.installed_vllm()
-    if vllm is None or _sites.vllm_ascend_release(vllm) != "0.18.0":
-        raise SystemExit("needs vLLM 0.18 and the real vllm-ascend 0.18.0 laid out (stack c)")
+    release = _sites.vllm_ascend_release(vllm) if vllm is not None else None
+    if release not in ("0.18.0", "0.23.0.post1"):
+        raise SystemExit("needs vLLM 0.18 or 0.23 and the real vllm-ascend laid out (stack c or a)")
     os.environ.pop("NPU_COMPAT_SIMULATE", None)
-    return int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    return release, int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
 
 def main() -> None:
-    rounds = rounds_on_stack_c()
-    eager, inductor, npugraph_ex = run(True, rounds), run(False, rounds), run(False, rounds, executor="mp")
+    release, rounds = release_and_rounds()
+    eager, here, own = run(True, rounds), run(False, rounds), run(False, rounds, executor="mp")
     e = statistics.median(eager["rates"])
-    print(f"eager:                           {e:8.1f} tokens/s (median of {rounds})")
-    for label, graph in (("inductor pieces", inductor), ("npugraph_ex pieces", npugraph_ex)):
+    print(f"vllm-ascend {release}")
+    print(f"eager:                                     {e:8.1f} tokens/s (median of {rounds})")
+    if release == "0.18.0":
+        labels = ("PIECEWISE, inductor pieces", "PIECEWISE, npugraph_ex pieces")
+    else:
+        labels = ("FULL_AND_PIECEWISE, engine's process", "FULL_AND_PIECEWISE, worker of its own")
+    for label, graph in zip(labels, (here, own), strict=True):
         g = statistics.median(graph["rates"])
         print(
-            f"ACL graphs, {label + ':':21s}{g:8.1f} tokens/s, {g / e:.2f} x eager (no floor: the docstring)"
+            f"ACL graphs, {label + ':':31s}{g:8.1f} tokens/s, {g / e:.2f} x eager (no floor: the docstring)"
         )
-    print(f"same tokens: {eager['tokens'] == inductor['tokens'] == npugraph_ex['tokens']}")
+    print(f"same tokens: {eager['tokens'] == here['tokens'] == own['tokens']}")
 
 
 if __name__ == "__main__":
