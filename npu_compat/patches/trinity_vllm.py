@@ -141,6 +141,12 @@ def _tensors(model: Any) -> Iterator[tuple[str, dict[str, Any], str, Any]]:
                     yield (f"{prefix}.{attr}" if prefix else attr, registry, attr, tensor)
 
 
+def worker_model(worker: Any) -> Any:
+    """The vLLM worker's model (its runner's), or None where it has no torch module."""
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    return model if callable(getattr(model, "named_modules", None)) else None
+
+
 def runs_graphs(worker: Any) -> bool:
     """Whether the worker's engine replays captured graphs (vLLM's ``cudagraph_mode``, ACL graphs here)."""
     config = getattr(getattr(worker, "vllm_config", None), "compilation_config", None)
@@ -206,8 +212,8 @@ def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
 
 def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``WorkerExtension.update_weight``: the sync, with every parameter and buffer kept in its storage."""
-    model = getattr(getattr(instance, "model_runner", None), "model", None)
-    if not callable(getattr(model, "named_modules", None)):  # no torch module to keep: the sync as it is
+    model = worker_model(instance)
+    if model is None:  # no torch module to keep: the sync as it is
         return wrapped(*args, **kwargs)
     (result, checked, restored) = keep_storages(
         model, lambda: wrapped(*args, **kwargs), runs_graphs(instance)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .trinity_vllm import note_storages, put_back, runs_graphs
+from .trinity_vllm import note_storages, put_back, runs_graphs, worker_model
 
 #: Under vLLM's logger, whose handler vLLM sets up in every worker: the line shows among the worker's own.
 logger = logging.getLogger("vllm.npu_compat.weight_update")
@@ -30,14 +30,9 @@ logger = logging.getLogger("vllm.npu_compat.weight_update")
 _NOTED = "_npu_compat_noted_storages"
 
 
-def _model(worker: Any) -> Any:
-    model = getattr(getattr(worker, "model_runner", None), "model", None)
-    return model if callable(getattr(model, "named_modules", None)) else None
-
-
 def note_at_start(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``NPUWorker.start_weight_update``: note every tensor's storage, then start the update."""
-    model = _model(instance)
+    model = worker_model(instance)
     noted = note_storages(model) if model is not None else None
     result = wrapped(*args, **kwargs)
     setattr(instance, _NOTED, noted)

@@ -244,7 +244,7 @@ def _task(recording: _Recording, func: Any, args: Any, kwargs: Any, results: lis
     read = {_storage_key(t) for t in flat if isinstance(t, torch.Tensor)}
     # new memory: a view's result is its input's (``contiguous`` of a contiguous tensor is a view, of any
     # other tensor a copy)
-    fresh = [_storage_key(r) for r in results if _storage_key(r) not in read]
+    fresh = [key for key in map(_storage_key, results) if key not in read]
     views = not mutates and not fresh
     keys: list[int] = []
     pinned_args, pinned_kwargs = recording.pin_all(keys, str(func), args, kwargs)
@@ -276,11 +276,17 @@ def _is_view(task: _Task | _Launch | _Signal) -> bool:
     return isinstance(task, _Task) and task.views
 
 
+def _capture() -> _Recording | None:
+    """The recording this thread is capturing into, if it is capturing."""
+    graph: NPUGraph | None = getattr(_capturing, "graph", None)
+    return None if graph is None else graph._recording
+
+
 def _capturing_recording(what: str) -> _Recording:
-    graph = getattr(_capturing, "graph", None)
-    if graph is None or graph._recording is None:
+    recording = _capture()
+    if recording is None:
         raise RuntimeError(f"simulated npu: {what} outside a graph capture (the stream is not capturing)")
-    return graph._recording  # type: ignore[no-any-return]
+    return recording
 
 
 class _Capture(TorchDispatchMode):  # type: ignore[misc]
@@ -390,23 +396,18 @@ def _current_stream_id() -> int:
     return int(torch.accelerator.current_stream().stream_id)
 
 
-def check_no_held_replay(what: str) -> None:
-    """Raise the compute boundary for ``what`` (a synchronize, a replay) while a replay is held."""
-    if _held:
+def check_no_held_replay(what: str, stream_id: int | None = None) -> None:
+    """Raise the compute boundary for ``what`` (a synchronize, a replay) while a replay is held (on the
+    stream ``stream_id``, where given)."""
+    if any(stream_id is None or (g._behind is not None and g._behind.stream_id == stream_id) for g in _held):
         raise needs_npu(what, _HELD_WHY)
-
-
-def held_on(stream_id: int) -> bool:
-    """Whether a replay held at an event's wait was issued on the stream ``stream_id``."""
-    return any(g._behind is not None and g._behind.stream_id == stream_id for g in _held)
 
 
 def launch(run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     """``run(*args, **kwargs)``, a kernel launch: inside a capture also one task of the graph (its tensors'
     own operators, the interpreter's host copies, are not), inside a task update only that task."""
     update: _Update | None = getattr(_capturing, "update", None)
-    graph: NPUGraph | None = getattr(_capturing, "graph", None)
-    recording = update.recording if update is not None else graph._recording if graph is not None else None
+    recording = update.recording if update is not None else _capture()
     if recording is None:
         return run(*args, **kwargs)
     keys: list[int] = []
@@ -601,10 +602,10 @@ class ExternalEvent:
 
     def _signal(self, op: str) -> bool:
         """Inside a capture: record ``op`` as a task of the graph (True)."""
-        graph = getattr(_capturing, "graph", None)
-        if graph is None or graph._recording is None:
+        recording = _capture()
+        if recording is None:
             return False
-        graph._recording.tasks.append(_Signal(self, op))
+        recording.tasks.append(_Signal(self, op))
         return True
 
     def _set(self) -> None:

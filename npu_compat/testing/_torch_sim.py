@@ -302,8 +302,7 @@ class Stream(torch.Stream):  # type: ignore[misc]
 
     def synchronize(self) -> None:
         """Done at once; the compute boundary while an ACL graph replay on it is held (it would wait)."""
-        if _graphs.held_on(int(self.stream_id)):
-            _graphs.check_no_held_replay(f"synchronize() of npu stream {self.stream_id}")
+        _graphs.check_no_held_replay(f"synchronize() of npu stream {self.stream_id}", int(self.stream_id))
         super().synchronize()
 
     @classmethod
