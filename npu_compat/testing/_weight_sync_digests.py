@@ -1,0 +1,204 @@
+"""The digests of a weight sync over HCCL on the released vllm-ascend: what was sent, what the rollout holds.
+
+The stand-in's HCCL engine and worker log both sides of a sync themselves (:mod:`._digest`); the released
+vllm-ascend does not.  In a process that runs the released package (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``)
+this module observes the same two places, and logs the same lines (:data:`._digest.LINE`), on vLLM's logger
+so that they show among the process's own:
+
+* ``trainer sent``: ``HCCLWeightTransferEngine.trainer_send_weights`` (the trainer side of ``sync_method:
+  nccl``; Trinity 0.6.0 calls it through npu-compat's ``trinity.distributed.vllm_weight_transfer``).  Each
+  ``(name, tensor)`` of its iterator is digested as it goes to the broadcast; the line is logged once the
+  iterator is spent.
+* ``rollout loaded``: the names and dtypes that ``HCCLWeightTransferEngine.receive_weights`` handed to the
+  model's loader, read back from the model at the end of vLLM's ``finalize_layerwise_reload``, which
+  ``NPUWorker.finish_weight_update`` runs (every layer's tensors are then back in place), each in the dtype
+  it arrived in.  A name the model holds packed (vLLM's ``packed_modules_mapping``: ``q_proj`` in
+  ``qkv_proj``, ``gate_proj`` in ``gate_up_proj``) is read as its rows of the packed tensor, by the layer's
+  ``output_sizes``.
+
+Equal lines mean the rollout's model holds, byte for byte, what the trainer sent.  With them the rollout
+side logs ``simulated weight sync (rollout storages)``: how many parameters and buffers are at the device
+address they had when the reload started (``initialize_layerwise_reload``), and which moved.  That is what
+the release's reload left where a captured ACL graph reads, before npu-compat's guard (after the worker's
+finish) puts anything back.  The rollout side is read at tensor parallel 1 only: under TP each rank holds
+slices, and the line says it was not taken.  Nothing here changes what is sent, received or held: it reads,
+after the fact, and only on the simulated host.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+from ._digest import LINE, WeightsDigest
+
+ENGINE = "vllm_ascend.distributed.weight_transfer.hccl_engine"
+#: vLLM's layerwise reload: its end (``finalize_layerwise_reload``) is the end of an NPUWorker's update
+RELOAD = "vllm.model_executor.model_loader.reload"
+
+#: vLLM's namespace: its handler prints INFO in every process that imported vLLM (npu_compat's own does not)
+logger = logging.getLogger("vllm.npu_compat.weight_sync")
+
+#: This process's rollout side: each name the loader was handed since the last update finished, and its dtype
+_received: dict[str, Any] = {}
+#: ... and the address of each parameter and buffer when vLLM's layerwise reload started
+_addresses: dict[str, int] = {}
+
+
+class _Finder:
+    """Observes the HCCL engine right after ``vllm_ascend``'s module of it is imported."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != ENGINE:
+            return None
+        from .._importhook import wrap_spec
+
+        return wrap_spec(self, fullname, path, target, _observe)
+
+
+_FINDER = _Finder()
+
+
+def install() -> None:
+    """Observe this process's syncs: now if the engine's module is imported, else when it is."""
+    module = sys.modules.get(ENGINE)
+    if module is not None:
+        _observe(module)
+    elif _FINDER not in sys.meta_path:
+        sys.meta_path = [_FINDER, *sys.meta_path]  # a new list, as npu_compat's own finder does
+
+
+def _observe(engine_module: ModuleType) -> None:
+    """Wrap the engine's send, its receive and its rollout-side start."""
+    if _FINDER in sys.meta_path:
+        sys.meta_path = [f for f in sys.meta_path if f is not _FINDER]
+    engine = engine_module.HCCLWeightTransferEngine
+    if getattr(engine.receive_weights, "_npu_compat_observed", False):
+        return
+    engine.trainer_send_weights = staticmethod(_observed(_sending, engine.trainer_send_weights))
+    engine.receive_weights = _observed(_receiving, engine.receive_weights)
+    engine.init_transfer_engine = _observed(_initialised, engine.init_transfer_engine)
+
+
+def _initialised(init: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The rollout side's engine is set up: observe the end of vLLM's layerwise reload in this process, which
+    ``NPUWorker.finish_weight_update`` runs (it imports the function when it calls it)."""
+    result = init(*args, **kwargs)
+    reload: Any = importlib.import_module(RELOAD)
+    finalize = reload.finalize_layerwise_reload
+    if not getattr(finalize, "_npu_compat_observed", False):
+        reload.initialize_layerwise_reload = _observed(_initializing, reload.initialize_layerwise_reload)
+        reload.finalize_layerwise_reload = _observed(_finalized, finalize)
+    return result
+
+
+def _initializing(initialize: Callable[..., Any], model: Any, *args: Any, **kwargs: Any) -> Any:
+    _addresses.clear()
+    _addresses.update(_weight_addresses(model))
+    return initialize(model, *args, **kwargs)
+
+
+def _weight_addresses(model: Any) -> dict[str, int]:
+    """The device address each parameter and buffer of ``model`` reads from: what a graph captured."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return {name: tensor.untyped_storage().data_ptr() for name, tensor in tensors}
+
+
+def _observed(around: Callable[..., Any], wrapped: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(wrapped)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        return around(wrapped, *args, **kwargs)
+
+    observed._npu_compat_observed = True  # type: ignore[attr-defined]
+    return observed
+
+
+def _sending(send: Callable[..., Any], iterator: Iterator[Any], trainer_args: Any) -> Any:
+    return send(_digested(iterator), trainer_args)
+
+
+def _digested(iterator: Iterator[Any]) -> Iterator[Any]:
+    """The trainer's ``(name, tensor)`` pairs as they are, each digested before it is sent."""
+    digest = WeightsDigest()
+    for item in iterator:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            digest.update(item[0], item[1])
+        yield item
+    logger.info(LINE, "trainer sent", digest.count, digest.hexdigest())
+
+
+def _receiving(receive: Callable[..., Any], self: Any, update_info: Any, load_weights: Any) -> Any:
+    def load(weights: Any) -> Any:
+        weights = list(weights)
+        _received.update((name, tensor.dtype) for name, tensor in weights)
+        return load_weights(weights)
+
+    return receive(self, update_info, load_weights=load)
+
+
+def _finalized(finalize: Callable[..., Any], model: Any, *args: Any, **kwargs: Any) -> Any:
+    result = finalize(model, *args, **kwargs)
+    if _addresses:
+        now = _weight_addresses(model)
+        moved = sorted(name for name, address in _addresses.items() if now.get(name) != address)
+        logger.info(
+            "simulated weight sync (rollout storages): %d of %d parameters and buffers at the address they "
+            "had before the update%s",
+            len(_addresses) - len(moved),
+            len(_addresses),
+            f"; moved: {', '.join(moved)}" if moved else "",
+        )
+        _addresses.clear()
+    received = dict(_received)
+    _received.clear()
+    if received:
+        _log_held(model, received)
+    return result
+
+
+def _log_held(model: Any, received: dict[str, Any]) -> None:
+    """``rollout loaded``: what ``model`` holds under each received name, in the dtype it arrived in."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    if get_tensor_model_parallel_world_size() != 1:
+        logger.info("simulated weight sync (rollout): not read back at tensor parallel > 1")
+        return
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    digest = WeightsDigest()
+    missing = []
+    for name, dtype in received.items():
+        held = _held(model, tensors, name)
+        if held is None:
+            missing.append(name)
+        else:
+            digest.update(name, held.to(dtype))
+    if missing:
+        logger.warning(
+            "simulated weight sync (rollout): the model holds no tensor for %s", ", ".join(missing)
+        )
+    logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
+
+
+def _held(model: Any, tensors: dict[str, Any], name: str) -> Any:
+    """The tensor ``model`` holds for the loader's ``name``: its own, or its rows of a packed one."""
+    if name in tensors:
+        return tensors[name]
+    for packed, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
+        for index, part in enumerate(parts):
+            packed_name = f".{name}".replace(f".{part}.", f".{packed}.", 1)[1:]
+            if packed_name == name or packed_name not in tensors:
+                continue
+            sizes = getattr(model.get_submodule(packed_name.rpartition(".")[0]), "output_sizes", None)
+            if sizes is None or len(sizes) != len(parts):
+                return None
+            return tensors[packed_name].narrow(0, sum(sizes[:index]), sizes[index])
+    return None
