@@ -189,8 +189,8 @@ VLLM_ASCEND_SPECS = (
         "vllm_ascend.worker.worker:NPUWorker.start_weight_update",
         distribution="vllm-ascend", versions=">=0.23,<0.24",
         wrapper=_P + "vllm_ascend_weight_update:note_at_start",
-        why="notes the storage of every parameter and buffer when an RL weight update starts, for "
-        "vllm_ascend.worker.weight_update_graph_safe (field failure F1)",
+        why="notes the storage of every parameter, buffer and derived tensor when an RL weight update "
+        "starts, for vllm_ascend.worker.weight_update_graph_safe (field failure F1)",
         upstream_fix="vllm-ascend's graph-safe weight updates (RFC 'Make live weight updates transactional')",
         remove_when="a vllm-ascend release whose reload keeps every storage the ACL graphs read",
     ),
@@ -400,7 +400,7 @@ TRINITY_DEVICE_SETTINGS_SPECS: "tuple[PatchSpec, ...]" = (
         wrapper=_P + "trinity_vllm:graph_safe_sync",
         why="an ACL graph replays the memory it was captured with and vllm-ascend cannot capture again: a "
         "sync whose loader re-allocates a parameter leaves the rollout generating from the old weights "
-        "(field failure F1). Every parameter and buffer keeps its storage across the sync",
+        "(field failure F1). Every parameter, buffer and derived tensor keeps its storage across the sync",
         upstream_fix="vllm-ascend's graph-safe weight updates (RFC 'Make live weight updates transactional')",
         remove_when="a vllm-ascend release whose reload keeps every storage, or Trinity syncing through it",
     ),

@@ -19,7 +19,8 @@
   memory it was captured with, and vllm-ascend, unlike vLLM's CUDA path, cannot capture again.  A
   sync whose loader re-allocates a parameter or buffer (``layer.weight.data = f(...)``, as vllm-ascend's
   ``.contiguous()`` and ``npu_format_cast`` reassignments do) leaves the graphs reading the old
-  memory.  Around each sync every parameter and buffer keeps its storage: a moved one is copied
+  memory.  Around each sync every parameter and buffer, and every tensor a layer derived from them and holds
+  as a plain attribute, keeps its storage: a moved one is copied
   back into its old storage and bound to it again.  One whose shape, dtype or strides changed
   cannot be kept; with graphs captured the sync then fails naming it, instead of a rollout that
   generates from stale weights.
@@ -129,16 +130,25 @@ class GraphUnsafeSync(RuntimeError):
 
 
 def _tensors(model: Any) -> Iterator[tuple[str, dict[str, Any], str, Any]]:
-    """(qualified name, the owning module's ``_parameters`` or ``_buffers``, attribute, tensor) of every
-    parameter and buffer, shared ones once."""
+    """(qualified name, where the owning module holds it, attribute, tensor) of every parameter and buffer,
+    and of every tensor on the device held as a plain attribute, shared ones once.
+
+    A plain attribute is what a layer's ``process_weights_after_loading`` derives from its weights and sets
+    without registering it (vllm-ascend's w8a8 ``aclnn_input_scale_reciprocal``, its MoE ``*_scale_fp32``):
+    the forward reads it, so the graphs captured its memory, and vLLM's layerwise reload builds it anew."""
+    import torch
+
     seen: set[int] = set()
     for prefix, module in model.named_modules():
-        for kind in ("_parameters", "_buffers"):
-            registry = getattr(module, kind)
-            for attr, tensor in registry.items():
-                if tensor is not None and id(tensor) not in seen:
-                    seen.add(id(tensor))
-                    yield (f"{prefix}.{attr}" if prefix else attr, registry, attr, tensor)
+        holders = [module._parameters, module._buffers, vars(module)]
+        for holder in holders:
+            for attr, tensor in list(holder.items()):
+                if not isinstance(tensor, torch.Tensor) or id(tensor) in seen:
+                    continue
+                if holder is holders[2] and tensor.device.type == "cpu":
+                    continue  # a graph reads device memory only
+                seen.add(id(tensor))
+                yield (f"{prefix}.{attr}" if prefix else attr, holder, attr, tensor)
 
 
 def worker_model(worker: Any) -> Any:
@@ -159,27 +169,31 @@ Noted = list[tuple[str, dict[str, Any], str, Any, Any]]
 
 
 def note_storages(model: Any) -> Noted:
-    """Every parameter and buffer of ``model`` with the storage it has now, for :func:`put_back`."""
+    """Every tensor of ``model`` that a graph may read (:func:`_tensors`) with the storage it has now, for
+    :func:`put_back`."""
     return [(name, registry, attr, tensor, tensor.data) for name, registry, attr, tensor in _tensors(model)]
 
 
-def put_back(noted: Noted, graphs: bool) -> tuple[int, int]:
+def put_back(noted: Noted, graphs: bool) -> tuple[int, list[str]]:
     """Bind every noted tensor to the storage it had, copying in what a sync left elsewhere.
 
-    Returns ``(tensors checked, tensors put back)``.  A tensor whose storage moved, with its shape, dtype
-    and strides unchanged, is copied back into the old storage, and the module is bound to the old tensor
-    object again (the same ``Parameter``, so the loaders and attributes it carries stay).  Where that
-    cannot be done and ``graphs`` is true, :class:`GraphUnsafeSync`.
+    Returns ``(tensors checked, the names of those put back)``.  A tensor whose storage moved, with its
+    shape, dtype and strides unchanged, is copied back into the old storage, and the module is bound to the
+    old tensor object again (the same ``Parameter``, so the loaders and attributes it carries stay).  Where
+    that cannot be done and ``graphs`` is true, :class:`GraphUnsafeSync`.
     """
     import torch
 
-    restored = 0
+    restored: list[str] = []
     unsafe = []
     with torch.no_grad():
         for name, registry, attr, tensor, kept in noted:
             now = registry.get(attr)
             if now is None:
                 unsafe.append(f"{name} (removed)")
+                continue
+            if not isinstance(now, torch.Tensor):
+                unsafe.append(f"{name} (no longer a tensor)")
                 continue
             if now.data.untyped_storage().data_ptr() == kept.untyped_storage().data_ptr():
                 if now is not tensor:  # a new object over the same memory: keep the original one
@@ -192,7 +206,7 @@ def put_back(noted: Noted, graphs: bool) -> tuple[int, int]:
             kept.copy_(now.data)
             tensor.data = kept
             registry[attr] = tensor
-            restored += 1
+            restored.append(name)
     if unsafe and graphs:
         raise GraphUnsafeSync(
             f"the weight sync re-allocated {len(unsafe)} tensor(s) the rollout's ACL graphs read, and "
@@ -203,15 +217,16 @@ def put_back(noted: Noted, graphs: bool) -> tuple[int, int]:
 
 
 def keep_storages(model: Any, sync: Any, graphs: bool) -> tuple[Any, int, int]:
-    """Run ``sync()`` so that every parameter and buffer of ``model`` keeps the storage it had
+    """Run ``sync()`` so that every tensor of ``model`` a graph may read keeps the storage it had
     (:func:`put_back`): ``(sync's result, tensors checked, tensors put back)``."""
     noted = note_storages(model)
     result = sync()
-    return (result, *put_back(noted, graphs))
+    checked, restored = put_back(noted, graphs)
+    return (result, checked, len(restored))
 
 
 def graph_safe_sync(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``WorkerExtension.update_weight``: the sync, with every parameter and buffer kept in its storage."""
+    """``WorkerExtension.update_weight``: the sync, each tensor the graphs may read kept in its storage."""
     model = worker_model(instance)
     if model is None:  # no torch module to keep: the sync as it is
         return wrapped(*args, **kwargs)

@@ -76,11 +76,17 @@ ROWS: tuple[Row, ...] = (
         "Trinity 0.5.2's own sync (model.load_weights) writes every parameter of a dense Qwen2 in place: 0 of 9 "
         "storages move and the graphs generate the new weights' tokens. A reload that re-allocates the "
         "parameters leaves the graphs on the old memory: stale tokens (the decoder on the old weights, the tied "
-        "output layer on the new), or a replay error once the old memory is freed",
-        "every parameter and buffer keeps its storage across the sync (moved ones copied back and re-bound): "
+        "output layer on the new), or a replay error once the old memory is freed. 0.23.0.post1's update (vLLM's "
+        "layerwise reload) copies every parameter and buffer back into its storage, and builds anew the "
+        "tensors a layer derives and holds as plain attributes: vLLM's attention q/k/v_range constants in a "
+        "dense model, vllm-ascend's quantized scales (docs/findings/reload-storages.md)",
+        "every parameter and buffer, and every tensor a layer derived and holds as a plain attribute, keeps its "
+        "storage across the sync (moved ones copied back and re-bound): "
         "after the same re-allocating reload 0 storages moved and the tokens equal transformers' on the new "
         "weights; a tensor whose shape changed fails the sync by name instead of generating stale tokens. The "
-        "same around 0.23.0.post1's NPUWorker weight update (Trinity 0.6.0), which logs how many tensors moved",
+        "same around 0.23.0.post1's NPUWorker weight update (Trinity 0.6.0), which logs which tensors moved; "
+        "its whole run in graph mode syncs three times over the release's HCCL engine, each with the "
+        "trainer's and the rollout's digests equal",
         PATCHED,
         "trinity.vllm_worker.graph_safe_sync, vllm_ascend.worker.weight_update_graph_safe",
         (

@@ -79,6 +79,9 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 out = {"patched": [npu_compat.is_patched(NPUWorker.start_weight_update),
                    npu_compat.is_patched(NPUWorker.finish_weight_update)]}
 model = torch.nn.Sequential(torch.nn.Linear(4, 3)).to("npu:0")
+# derived at load, held as plain attributes (vllm-ascend's ops/linear.py weight_fp32): on the device, and on the host
+model[0].weight_fp32 = model[0].weight.detach().to(torch.float64)
+model[0].host_table = torch.zeros(2)
 worker = object.__new__(NPUWorker)  # the state the update's three methods read: no device, no engine
 worker.weight_transfer_engine = object()
 worker._weight_update_active = False
@@ -91,13 +94,17 @@ def update(load):
     load()
     NPUWorker.finish_weight_update(worker)
 
-before = model[0].weight.untyped_storage().data_ptr()
+def storages():
+    return [t.untyped_storage().data_ptr() for t in (model[0].weight, model[0].weight_fp32)]
+before = storages()
 new = torch.randn(3, 4)
-def reallocating():  # a loader that binds new memory: param.data = processed(...)
+def reallocating():  # a loader that binds new memory: param.data = processed(...), layer.derived = f(param)
     model[0].weight.data = new.to("npu:0")
+    model[0].weight_fp32 = model[0].weight.detach().to(torch.float64)
+    model[0].host_table = torch.ones(2)
 update(reallocating)
-out["kept"] = model[0].weight.untyped_storage().data_ptr() == before
-out["values"] = torch.equal(model[0].weight.cpu(), new)
+out["kept"] = storages() == before
+out["values"] = torch.equal(model[0].weight.cpu(), new) and torch.equal(model[0].weight_fp32.cpu(), new.double())
 def reshaping():
     model[0].weight.data = torch.randn(4, 3, device="npu:0")
 try:
@@ -115,8 +122,9 @@ print(json.dumps(out))
 )  # stock by hand (35 s): CI's time goes to the graph test below
 def test_a_weight_update_leaves_every_tensor_in_its_storage(active: bool) -> None:
     """vllm-ascend's ``NPUWorker.start_weight_update``/``finish_weight_update`` (Trinity 0.6.0's sync, vLLM's
-    weight-transfer API) around a loader that re-allocates a parameter: stock leaves it in new memory, which
-    the captured ACL graphs do not read; with npu-compat it is back in its storage with the new values, and
+    weight-transfer API) around a loader that re-allocates a parameter and a tensor derived from it (a plain
+    attribute, as vllm-ascend's w8a8 ``aclnn_input_scale_reciprocal``): stock leaves them in new memory, which
+    the captured ACL graphs do not read; with npu-compat each is back in its storage with the new values, and
     the log says so.  A parameter whose shape changed cannot be kept: with graphs, the update fails naming it."""
     proc = real_run_proc(WEIGHT_UPDATE, ACTIVE=str(int(active)))
     seen = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -124,8 +132,10 @@ def test_a_weight_update_leaves_every_tensor_in_its_storage(active: bool) -> Non
     assert seen["values"] is True
     assert seen["kept"] is active
     if active:
-        assert "weight update: 1 of 2 tensors kept their storage, 1 re-allocated and put back in place" in (
-            proc.stdout + proc.stderr
+        # the weight and the tensor derived from it on the device; the host's plain attribute is no graph's
+        assert (
+            "weight update: 1 of 3 tensors kept their storage, 2 re-allocated and put back in place (0.weight, 0.weight_fp32)"
+            in (proc.stdout + proc.stderr)
         )
         assert seen["reshaped"].startswith(
             "the weight sync re-allocated 1 tensor(s) the rollout's ACL graphs read, and npu-compat cannot put "
