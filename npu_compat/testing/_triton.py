@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-from collections.abc import Sequence
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
 from .. import _env
+from .._importhook import WhenImported
 from ._boundary import needs_npu
 
 #: What CANN's runtime reports on the simulated SoC, an Ascend 910B3 (``_env.SIMULATED_SOC``,
@@ -67,34 +65,12 @@ class SimulatedNpuUtils:
         """A device limit for compiled kernels (stack sizes, low-power timeout): none run here."""
 
 
-class _Finder:
-    """Runs :func:`_set_driver` right after ``triton`` is imported (see :mod:`npu_compat._importhook`)."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname != "triton":
-            return None
-        from .._importhook import wrap_spec
-
-        return wrap_spec(self, fullname, path, target, _set_driver)
-
-
-_FINDER = _Finder()
-
-
 def install() -> None:
     """triton-ascend's driver and the interpreter's launch options, now or when ``triton`` is imported."""
-    triton = sys.modules.get("triton")
-    if triton is not None:
-        _set_driver(triton)
-    elif _FINDER not in sys.meta_path:
-        sys.meta_path = [_FINDER, *sys.meta_path]  # a new list, as npu_compat's own finder does
+    WhenImported("triton", _set_driver).install()
 
 
 def _set_driver(triton: ModuleType) -> None:
-    if _FINDER in sys.meta_path:
-        sys.meta_path = [f for f in sys.meta_path if f is not _FINDER]
     from triton.backends import backends  # type: ignore[import-not-found]
 
     ascend = backends.get("ascend")

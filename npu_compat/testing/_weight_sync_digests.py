@@ -30,12 +30,11 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from importlib.machinery import ModuleSpec
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from .._importhook import WhenImported
 from ._digest import LINE, WeightsDigest
 
 ENGINE = "vllm_ascend.distributed.weight_transfer.hccl_engine"
@@ -51,35 +50,13 @@ _received: dict[str, Any] = {}
 _addresses: dict[str, int] = {}
 
 
-class _Finder:
-    """Observes the HCCL engine right after ``vllm_ascend``'s module of it is imported."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname != ENGINE:
-            return None
-        from .._importhook import wrap_spec
-
-        return wrap_spec(self, fullname, path, target, _observe)
-
-
-_FINDER = _Finder()
-
-
 def install() -> None:
     """Observe this process's syncs: now if the engine's module is imported, else when it is."""
-    module = sys.modules.get(ENGINE)
-    if module is not None:
-        _observe(module)
-    elif _FINDER not in sys.meta_path:
-        sys.meta_path = [_FINDER, *sys.meta_path]  # a new list, as npu_compat's own finder does
+    WhenImported(ENGINE, _observe).install()
 
 
 def _observe(engine_module: ModuleType) -> None:
     """Wrap the engine's send, its receive and its rollout-side start."""
-    if _FINDER in sys.meta_path:
-        sys.meta_path = [f for f in sys.meta_path if f is not _FINDER]
     engine = engine_module.HCCLWeightTransferEngine
     if getattr(engine.receive_weights, "_npu_compat_observed", False):
         return
