@@ -79,7 +79,9 @@ ROWS: tuple[Row, ...] = (
         "output layer on the new), or a replay error once the old memory is freed. 0.23.0.post1's update (vLLM's "
         "layerwise reload) copies every parameter and buffer back into its storage, and builds anew the "
         "tensors a layer derives and holds as plain attributes: vLLM's attention q/k/v_range constants in a "
-        "dense model, vllm-ascend's quantized scales (docs/findings/reload-storages.md)",
+        "dense model, vllm-ascend's quantized scales (docs/findings/reload-storages.md). So Trinity 0.6.0's "
+        "graph-mode run of a dense model without npu-compat's guard stays fresh: every parameter and buffer at "
+        "its address after each of its three syncs, the digests equal, no replay of freed memory",
         "every parameter and buffer, and every tensor a layer derived and holds as a plain attribute, keeps its "
         "storage across the sync (moved ones copied back and re-bound): "
         "after the same re-allocating reload 0 storages moved and the tokens equal transformers' on the new "
@@ -93,6 +95,7 @@ ROWS: tuple[Row, ...] = (
             "tests/sim/test_real_vllm_ascend.py::test_acl_graphs_replay_what_they_captured_across_weight_syncs",
             "tests/sim/test_real_vllm_ascend.py::test_a_weight_update_leaves_every_tensor_in_its_storage",
             "tests/e2e/test_trinity_run.py::test_compat_runs_in_graph_mode_on_the_real_vllm_ascend",
+            "tests/e2e/test_trinity_run.py::test_without_npu_compats_sync_guard_the_dense_run_in_graph_mode_stays_fresh",
             "tests/sim/test_npu_graphs.py::test_a_replay_reads_the_memory_it_captured",
             "tests/sim/test_npu_graphs.py::test_npu_compats_sync_keeps_every_storage_the_graphs_read",
         ),
