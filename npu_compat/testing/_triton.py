@@ -32,8 +32,8 @@ from types import ModuleType
 from typing import Any
 
 from .. import _env
-from .._importhook import WhenImported
 from ._boundary import needs_npu
+from ._when_imported import WhenImported
 
 #: What CANN's runtime reports on the simulated SoC, an Ascend 910B3 (``_env.SIMULATED_SOC``,
 #: ``rtGetSocVersion``'s name): ``rtGetAiCoreCount``'s 20 AI cores (Project-HAMi/HAMi, ``charts/hami/

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from .._importhook import WhenImported
 from ._digest import LINE, WeightsDigest
+from ._when_imported import WhenImported
 
 ENGINE = "vllm_ascend.distributed.weight_transfer.hccl_engine"
 #: vLLM's layerwise reload: its end (``finalize_layerwise_reload``) is the end of an NPUWorker's update
