@@ -78,6 +78,8 @@ def _run(
 # whose request on the legacy trainer's path is the catalogue's row A28, red on stack-b.
 
 
+# on stack c by hand: its catalogue's row B1 (the same count, by a probe) is red in CI
+@beyond_ci_where(REL_052)
 def test_stock_stops_at_trinitys_own_gpu_count(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity counts the cluster's "GPU" resources (0 here): config validation divides by zero
     (0.6.0), or finds no GPU left for the trainer (0.5.2)."""
@@ -455,8 +457,9 @@ def test_without_npu_compats_sync_guard_the_dense_run_in_graph_mode_stays_fresh(
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""
     # stock never gets past the GPU placement group: once Ray has called the request infeasible the run
-    # is watched for 60 s more, then stopped (the bound: for a loaded CI)
-    result = _run(tmp_path, tiny_model, "stock", "explicit", 300, stuck_after=60)
+    # is watched for 30 s more, then stopped (Ray's verdict is final: no node can ever grant a GPU bundle; the
+    # watch shows that nothing goes on meanwhile)
+    result = _run(tmp_path, tiny_model, "stock", "explicit", 300, stuck_after=30)
     assert result["rc"] == "stuck", result
     if REL_052:
         # 0.5.2's Explorer waits in its constructor on the rollout allocator's {"GPU": 1} bundles too

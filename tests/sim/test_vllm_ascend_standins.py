@@ -517,6 +517,9 @@ print(json.dumps(out))
 """
 
 
+# by hand, for CI's time: CI runs the released PyHcclCommunicator over the simulated libhccl
+# (tests/sim/test_real_pyhccl.py), and every stand-in whole run's weight syncs through this one
+@pytest.mark.beyond_ci
 def test_pyhccl_runs_collectives_over_a_stateless_process_group_across_two_processes() -> None:
     port = free_port()
     outs = run_ranks([PYHCCL_STATELESS.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)])
@@ -624,6 +627,9 @@ os._exit(0)
 """
 
 
+# by hand, for CI's time: CI runs the released PyHcclCommunicator over the simulated libhccl
+# (tests/sim/test_real_pyhccl.py), and every stand-in whole run's weight syncs through this one
+@pytest.mark.beyond_ci
 def test_pyhccl_runs_collectives_over_a_torch_process_group_across_two_processes() -> None:
     port = free_port()
     outs = run_ranks([PYHCCL_TORCH_PG.replace("RANK", str(r)).replace("PORT", str(port)) for r in range(2)])
@@ -634,6 +640,9 @@ def test_pyhccl_runs_collectives_over_a_torch_process_group_across_two_processes
         assert out["hccl_group"] == "PyHcclCommunicator should be attached to a non-HCCL group."
 
 
+# by hand, for CI's time: CI runs the released PyHcclCommunicator over the simulated libhccl
+# (tests/sim/test_real_pyhccl.py), and every stand-in whole run's weight syncs through this one
+@pytest.mark.beyond_ci
 def test_pyhccl_is_disabled_for_a_single_rank() -> None:
     out = sim_json(
         f"""
@@ -793,6 +802,9 @@ print(json.dumps(out))
 
 
 @only_0_23
+# by hand, for CI's time: CI runs the released HCCLWeightTransferEngine (tests/sim/test_real_pyhccl.py), and a
+# user's whole run syncs through this one, each sync's digests equal (tests/user/test_user_trinity_run.py)
+@pytest.mark.beyond_ci
 def test_hccl_weight_transfer_moves_named_tensors_across_two_processes() -> None:
     """trainer_init / trainer_send_weights -> HCCLWeightTransferEngine (and NPUWorker) receive side.
 
