@@ -359,11 +359,31 @@ SPLIT = ("explore", "train")
 POLL_S = 2.0
 
 
-def make_model(directory: Path) -> Path:
+def eval_tasksets(name: str, *, temperature: float, workflow: str = "math_workflow") -> str:
+    """An ``eval_tasksets`` block for the bundled config, to go before its ``trainer_input``: the bundled data
+    (``E2E_DATA``) evaluated through ``workflow`` at ``temperature`` (0: greedy) with Trinity's math reward."""
+    return f"""\
+    eval_tasksets:
+    - name: {name}
+      storage_type: file
+      path: ${{oc.env:E2E_DATA}}
+      split: train
+      format:
+        prompt_key: question
+        response_key: answer
+      rollout_args:
+        temperature: {temperature}
+      default_workflow_type: {workflow}
+      default_reward_fn_type: math_reward
+"""
+
+
+def make_model(directory: Path, initializer_range: float = 0.02) -> Path:
     """The tiny model of ``tests/e2e/tiny_model.py`` written to ``directory``, in a process of its own with
-    npu-compat off (a run only reads it: runs can share one)."""
+    npu-compat off (a run only reads it: runs can share one).  ``initializer_range``: its weights' spread (0.5
+    for varied greedy answers)."""
     subprocess.run(
-        [sys.executable, "-m", "tests.e2e.tiny_model", str(directory)],
+        [sys.executable, "-m", "tests.e2e.tiny_model", str(directory), str(initializer_range)],
         env={**inherited_env(), "NPU_COMPAT": "0"}, cwd=REPO, check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     return directory

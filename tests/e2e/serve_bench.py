@@ -37,20 +37,7 @@ _T = TypeVar("_T")
 
 EVAL_TASKSET = "tiny_math_eval"
 
-_EVAL = f"""\
-    eval_tasksets:
-    - name: {EVAL_TASKSET}
-      storage_type: file
-      path: ${{oc.env:E2E_DATA}}
-      split: train
-      format:
-        prompt_key: question
-        response_key: answer
-      rollout_args:
-        temperature: 1.0
-      default_workflow_type: math_workflow
-      default_reward_fn_type: math_reward
-"""
+_EVAL = scenario.eval_tasksets(EVAL_TASKSET, temperature=1.0)
 
 
 def train_config(text: str) -> str:

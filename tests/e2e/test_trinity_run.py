@@ -453,6 +453,104 @@ def test_without_npu_compats_sync_guard_the_dense_run_in_graph_mode_stays_fresh(
     assert not any(set(guard.split(",")) & set(ids) for ids in applied.values()), applied
 
 
+#: The workflow that records what the rollout generated, on which weight version (``tests/e2e/greedy_probe.py``)
+PROBE = "tests.e2e.greedy_probe.RecordingMathWorkflow"
+
+
+def greedy_after_syncs(text: str) -> str:
+    """The bundled config for three train steps, with a greedy evaluation at every explore step and the trainer's
+    weights saved as a Hugging Face checkpoint at every step (Trinity's ``save_hf_checkpoint: always``).  Its
+    learning rate is 0.05: each AdamW step moves a weight of the tiny model (spread 0.5) by some 10 %, so that
+    two steps change greedy tokens, and a graph that replayed older weights would generate others.
+
+    Trinity's explorer evaluates before it syncs, and waits for the evaluation, so the evaluation at step k
+    generates on the weights of the sync before it: the initial ones at step 1, the trainer's step k-1 after.
+    The last sync (after step 3) is followed by no generation: Trinity 0.6.0's explore loop ends there ("TODO:
+    support eval on last checkpoint"), so the last sync that a generation follows is the one after step 2."""
+    return scenario.replaced(text, [
+        ("    lr: 1.0e-3\n", "    lr: 5.0e-2\n"),
+        ("  total_steps: 2\n", "  total_steps: 3\n"),
+        ("      default_workflow_type: math_workflow\n", f"      default_workflow_type: {PROBE}\n"),
+        ("  trainer_input:\n", scenario.eval_tasksets("tiny_math_greedy", temperature=0.0, workflow=PROBE)
+         + "  trainer_input:\n"),
+        ("  eval_interval: 1000\n", "  eval_interval: 1\n"),
+        ("  save_interval: 0\n  save_hf_checkpoint: never\n", "  save_interval: 1\n  save_hf_checkpoint: always\n"),
+    ])  # fmt: skip
+
+
+#: An eager engine on the released vllm-ascend, at the rollout's dtype, greedy on the recorded prompts
+EAGER_REFERENCE = """
+import json, os
+from vllm import LLM, SamplingParams
+llm = LLM(model=os.environ["MODEL"], tokenizer=os.environ["TOKENIZER"], enforce_eager=True, dtype="bfloat16",
+          max_model_len=80, seed=0)
+prompts = json.loads(os.environ["PROMPTS"])
+greedy = SamplingParams(temperature=0, max_tokens=int(os.environ["MAX_TOKENS"]))
+out = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+print(json.dumps({"tokens": [list(r.outputs[0].token_ids) for r in out]}))
+"""
+
+
+def _trainers_checkpoints(out: Path, tiny_model: Path) -> dict[int, Path]:
+    """The trainer's weights at each version: the model it started from (version 0, which the first sync sent),
+    then the Hugging Face checkpoint Trinity saved after each train step."""
+    found = {0: tiny_model}
+    for config in (out / "work" / "checkpoints").rglob("actor/huggingface/config.json"):
+        step = re.fullmatch(r"global_step_(\d+)", config.parent.parent.parent.name)
+        assert step, config
+        found[int(step.group(1))] = config.parent
+    return found
+
+
+@on_the_real_vllm_ascend()
+@pytest.mark.skipif(REL_052, reason="Trinity 0.6.0's explorer (weight versions, evaluation before each sync)")
+@pytest.mark.beyond_ci  # 10 min each, by hand: CI runs the graphs across syncs in tests/sim/test_real_vllm_ascend.py
+@pytest.mark.parametrize("guard", ["npu-compat", "stock"])
+def test_in_graph_mode_the_rollout_generates_after_each_sync_what_an_eager_engine_on_the_trainers_weights_does(
+    tmp_path: Path, guard: str
+) -> None:
+    """Trinity's whole GRPO run at its rollout defaults, in graph mode, on the released vllm-ascend, three train
+    steps: at each explore step a greedy evaluation, whose tokens (``tests/e2e/greedy_probe.py``) equal those of
+    an eager engine loaded with the weights the trainer had at that version (its Hugging Face checkpoint of that
+    step).  Training rewards that tell the responses apart make the weights move enough that the greedy tokens
+    change from version to version, so a stale graph would show.  ``stock`` leaves npu-compat's two
+    weight-update patches off (``NPU_COMPAT_DISABLE``): stock's ACL graph handling, fresh too for this dense
+    model (see the test above)."""
+    from tests.sim.test_real_vllm_ascend import real_run
+
+    off = "vllm_ascend.worker.weight_update_noted,vllm_ascend.worker.weight_update_graph_safe"
+    env = {"NPU_COMPAT_DISABLE": off} if guard == "stock" else {}
+    tiny_model = scenario.make_model(tmp_path / "varied-model", initializer_range=0.5)
+    _, text = _real_run_to_the_end(tmp_path, tiny_model, "greedy", env=env, edit=greedy_after_syncs)
+    out = tmp_path / "compat-auto"
+    assert "Capturing CUDA graphs (decode, FULL): 100%" in text
+    assert ("npu-compat weight update:" in text) == (guard == "npu-compat")
+    syncs = scenario.weight_syncs(out)
+    assert len(syncs) == 4 and all(sync["sent"] == sync["loaded"] for sync in syncs), syncs
+    records = [json.loads(line) for line in (out / "work" / "greedy_probe.jsonl").read_text().splitlines()]
+    generated: dict[int, dict[tuple[int, ...], list[int]]] = {}
+    for record in records:
+        if record["eval"]:
+            generated.setdefault(record["version"], {})[tuple(record["prompt"])] = record["response"]
+    assert sorted(generated) == [0, 1, 2], sorted(generated)  # the evaluations of steps 1, 2 and 3
+    weights = _trainers_checkpoints(out, tiny_model)
+    assert {0, 1, 2} <= weights.keys(), weights
+    prompts = sorted(generated[0])
+    eager = {}
+    for version in (0, 1, 2):
+        assert sorted(generated[version]) == prompts, (version, generated)
+        seen = real_run(
+            EAGER_REFERENCE, timeout=600, MODEL=str(weights[version]), TOKENIZER=str(tiny_model),
+            PROMPTS=json.dumps([list(p) for p in prompts]), MAX_TOKENS="8",
+        )  # fmt: skip
+        eager[version] = seen["tokens"]
+        graph = [generated[version][p] for p in prompts]
+        print(f"version {version}: graph mode {graph}, eager {eager[version]}")
+        assert graph == eager[version], (version, graph, eager[version])
+    # the check can fail: the trainer's steps changed what the model generates greedily
+    assert eager[2] != eager[0], eager
+
+
 @beyond_ci_where(REL_052)  # 3.5 min: on stack c by hand, stack a's in CI
 def test_stock_both_hangs_on_a_gpu_placement_group(tmp_path: Path, tiny_model: Path) -> None:
     """Stock Trinity's verl worker group asks for {"GPU": 1, "CPU": 3}: pending forever on an NPU-only cluster."""

@@ -87,5 +87,5 @@ def make_tiny_model(
     return directory
 
 
-if __name__ == "__main__":
-    print(make_tiny_model(sys.argv[1]))
+if __name__ == "__main__":  # DIRECTORY [INITIALIZER_RANGE]
+    print(make_tiny_model(sys.argv[1], initializer_range=float(sys.argv[2]) if len(sys.argv) > 2 else 0.02))

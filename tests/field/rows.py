@@ -81,14 +81,19 @@ ROWS: tuple[Row, ...] = (
         "tensors a layer derives and holds as plain attributes: vLLM's attention q/k/v_range constants in a "
         "dense model, vllm-ascend's quantized scales (docs/findings/reload-storages.md). So Trinity 0.6.0's "
         "graph-mode run of a dense model without npu-compat's guard stays fresh: every parameter and buffer at "
-        "its address after each of its three syncs, the digests equal, no replay of freed memory",
+        "its address after each of its three syncs, the digests equal, no replay of freed memory; over three train "
+        "steps its greedy evaluation after each sync generates what an eager engine on the trainer's checkpoint "
+        "of that version generates",
         "every parameter and buffer, and every tensor a layer derived and holds as a plain attribute, keeps its "
         "storage across the sync (moved ones copied back and re-bound): "
         "after the same re-allocating reload 0 storages moved and the tokens equal transformers' on the new "
         "weights; a tensor whose shape changed fails the sync by name instead of generating stale tokens. The "
         "same around 0.23.0.post1's NPUWorker weight update (Trinity 0.6.0), which logs which tensors moved; "
         "its whole run in graph mode syncs three times over the release's HCCL engine, each with the "
-        "trainer's and the rollout's digests equal",
+        "trainer's and the rollout's digests equal. Over three train steps whose rewards tell the responses "
+        "apart, the rollout's greedy evaluation after each sync generates, in graph mode, the tokens of an eager "
+        "engine loaded with the trainer's checkpoint of that weight version, and those tokens change from "
+        "version to version",
         PATCHED,
         "trinity.vllm_worker.graph_safe_sync, vllm_ascend.worker.weight_update_graph_safe",
         (
@@ -96,6 +101,7 @@ ROWS: tuple[Row, ...] = (
             "tests/sim/test_real_vllm_ascend.py::test_a_weight_update_leaves_every_tensor_in_its_storage",
             "tests/e2e/test_trinity_run.py::test_compat_runs_in_graph_mode_on_the_real_vllm_ascend",
             "tests/e2e/test_trinity_run.py::test_without_npu_compats_sync_guard_the_dense_run_in_graph_mode_stays_fresh",
+            "tests/e2e/test_trinity_run.py::test_in_graph_mode_the_rollout_generates_after_each_sync_what_an_eager_engine_on_the_trainers_weights_does",
             "tests/sim/test_npu_graphs.py::test_a_replay_reads_the_memory_it_captured",
             "tests/sim/test_npu_graphs.py::test_npu_compats_sync_keeps_every_storage_the_graphs_read",
         ),
