@@ -347,6 +347,8 @@ WHEEL_PLUGINS = sorted(
 )  # fmt: skip
 
 
+# by hand, for CI's time: every stand-in whole run in CI imports the stand-ins so (the user's, tests/user)
+@pytest.mark.beyond_ci
 def test_stand_ins_import_under_the_simulation_installed_as_the_real_wheel() -> None:
     out = sim_json(IMPORTS, timeout=180)
     assert out["version"] == FLAVOUR and out["simulated"] is True
@@ -445,6 +447,8 @@ def test_without_the_vllm_platform_the_stand_in_is_importable_but_not_installed(
     assert out["version"] == FLAVOUR and out["plugins"] == [] and out["dist"] == []
 
 
+# by hand, for CI's time: the user's whole run in CI builds the stand-in worker and its model runner (tests/user)
+@pytest.mark.beyond_ci
 def test_npu_worker_does_the_bookkeeping_and_builds_the_model_runner() -> None:
     """Generation itself (load_model, execute_model, sleep): ``tests/sim/test_npu_model_runner.py``."""
     # vLLM's platform is the stand-in's, as the simulated vllm-ascend's plugin makes it (set_random_seed calls it)
@@ -576,6 +580,8 @@ def _one_rank_gone(waiter: int) -> list[dict[str, Any]]:
     return outs
 
 
+# by hand, for CI's time: its twin below (the receiver's side of HCCL_EXEC_TIMEOUT) runs in CI
+@pytest.mark.beyond_ci
 def test_pyhccl_broadcast_to_a_peer_that_never_takes_part_raises_at_hccl_exec_timeout() -> None:
     """The source of a broadcast returns only once every rank took part, as on the device; a peer that
     never takes part makes it raise at ``HCCL_EXEC_TIMEOUT`` (not at once, and not never)."""
