@@ -6,9 +6,9 @@ model's lengths, two steps and a save interval) on a simulated NPU-only cluster 
 alone, FSDP2 at world size 2, no rollout.  They assert what a user sees: the command exits 0, the
 Trainer's monitor logged steps 1 and 2 with the loss of the algorithm (finite), and the Hugging Face
 checkpoint Trinity saves last (its default ``save_hf_checkpoint: last``) loads in plain transformers on
-CPU, npu-compat off, holding weights that training changed.  The other shapes (``beyond_ci``): SFT resumed
-from a checkpoint, FSDP1, PPO with a critic at data-parallel size 1 and 2, Ulysses sequence parallelism, and
-two nodes.
+CPU, npu-compat off, holding weights that training changed.  All of them run by hand (``beyond_ci``), for
+CI's time: SFT and DPO themselves, SFT resumed from a checkpoint, FSDP1, PPO with a critic at data-parallel
+size 1 and 2, Ulysses sequence parallelism, and two nodes.
 """
 
 from __future__ import annotations

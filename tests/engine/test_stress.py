@@ -2,9 +2,10 @@
 tests.engine.stress``): imports from 8 threads in random orders, activation cycles meanwhile, forks
 at random points of activation -- each round a fresh interpreter under a timeout.
 
-The synthetic universe runs everywhere (the engine session): 8 importing threads.  The real
-catalogue's runs on the simulated Ascend where a stack is installed: its imports from one thread
-while activation cycles and forks run beside them (see ``stress.CATALOGUE_MODES`` for why not 8).  Every round's seed and mode is in the failure message.
+The synthetic universe runs in the engine sessions, on every Python: 8 importing threads.  The real
+catalogue's runs on the simulated Ascend in stack a's session (Trinity 0.6.0's targets): its imports from one
+thread while activation cycles and forks run beside them (see ``stress.CATALOGUE_MODES`` for why not 8).
+Every round's seed and mode is in the failure message.
 """
 
 from __future__ import annotations
