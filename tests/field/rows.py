@@ -93,7 +93,7 @@ ROWS: tuple[Row, ...] = (
         "trainer's and the rollout's digests equal. Over three train steps whose rewards tell the responses "
         "apart, the rollout's greedy evaluation after each sync generates, in graph mode, the tokens of an eager "
         "engine loaded with the trainer's checkpoint of that weight version, and those tokens change from "
-        "version to version",
+        "version to version; the same over Trinity's checkpoint sync",
         PATCHED,
         "trinity.vllm_worker.graph_safe_sync, vllm_ascend.worker.weight_update_graph_safe",
         (
