@@ -405,6 +405,8 @@ def test_compat_runs_in_graph_mode_on_the_real_vllm_ascend(tmp_path: Path, tiny_
     )
 
 
+#: npu-compat's sync guard on 0.23.0.post1's NPUWorker: its two weight-update patches, as ``NPU_COMPAT_DISABLE`` takes them
+SYNC_GUARD = "vllm_ascend.worker.weight_update_noted,vllm_ascend.worker.weight_update_graph_safe"
 #: npu-compat's line at each weight update: ``(kept, of, put back, names)``
 _UPDATES = re.compile(
     r"weight update: (\d+) of (\d+) tensors kept their storage, (\d+) re-allocated and put back in place"
@@ -444,7 +446,7 @@ def test_without_npu_compats_sync_guard_the_dense_run_in_graph_mode_stays_fresh(
     replay of memory that only a graph still holds would fail the run (the simulation's ``GraphReplayError``);
     the run goes to the end, each sync's digests equal.  Where stock does go stale is recorded in
     ``docs/findings/reload-storages.md`` (plain tensor attributes that a layer derives)."""
-    guard = "vllm_ascend.worker.weight_update_noted,vllm_ascend.worker.weight_update_graph_safe"
+    guard = SYNC_GUARD
     result, text = _real_run_to_the_end(tmp_path, tiny_model, "graphs", env={"NPU_COMPAT_DISABLE": guard})
     assert "Capturing CUDA graphs (decode, FULL): 100%" in text
     assert "npu-compat weight update:" not in text  # the guard is off
@@ -522,8 +524,7 @@ def test_in_graph_mode_the_rollout_generates_after_each_sync_what_an_eager_engin
     trainer's checkpoints through the same weight update (vLLM's layerwise reload), around which the guard runs."""
     from tests.sim.test_real_vllm_ascend import real_run
 
-    off = "vllm_ascend.worker.weight_update_noted,vllm_ascend.worker.weight_update_graph_safe"
-    env = {"NPU_COMPAT_DISABLE": off} if guard == "stock" else {}
+    env = {"NPU_COMPAT_DISABLE": SYNC_GUARD} if guard == "stock" else {}
     tiny_model = scenario.make_model(tmp_path / "varied-model", initializer_range=0.5)
     _, text = _real_run_to_the_end(
         tmp_path, tiny_model, "greedy", env=env, edit=greedy_after_syncs, sync_method=sync_method
