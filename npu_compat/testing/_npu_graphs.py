@@ -121,9 +121,12 @@ class _Task:
             return
         result = self.func(*self.args, **self.kwargs)
         if self.mutates:
+            _wait_for_collective(result)
             return
         flat, _ = tree_flatten(result)
         values = [v for v in flat if isinstance(v, torch.Tensor)]
+        if self.func.namespace == _FUNCTIONAL_COLLECTIVES:
+            values = [torch.ops._c10d_functional.wait_tensor(v) for v in values]
         for into, value in zip(self.results, values, strict=True):
             into.copy_(value)
 
@@ -237,9 +240,19 @@ def _storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
+def _wait_for_collective(result: Any) -> None:
+    """Wait for the ``Work`` a collective returned: on the device the stream's next task runs after it."""
+    for value in tree_flatten(result)[0]:
+        if not isinstance(value, torch.Tensor) and callable(getattr(value, "wait", None)):
+            value.wait()
+
+
 def _task(recording: _Recording, func: Any, args: Any, kwargs: Any, results: list[torch.Tensor]) -> _Task:
-    """``func``'s call as a task of ``recording``, its tensors pinned."""
-    mutates = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+    """``func``'s call as a task of ``recording``, its tensors pinned.  A collective (``c10d``'s operators,
+    whose schemas mark no argument written) writes its tensors in place: it is rerun as it is."""
+    mutates = func.namespace == _COLLECTIVES or any(
+        a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments
+    )
     flat, _ = tree_flatten((args, kwargs))
     read = {_storage_key(t) for t in flat if isinstance(t, torch.Tensor)}
     # new memory: a view's result is its input's (``contiguous`` of a contiguous tensor is a view, of any
@@ -256,8 +269,22 @@ def _task(recording: _Recording, func: Any, args: Any, kwargs: Any, results: lis
     return _Task(func, pinned_args, pinned_kwargs, pinned_results, mutates, views, keys)
 
 
-#: The namespaces of operators that are device kernels: torch's own and the simulated Ascend's.
-_KERNEL_NAMESPACES = {"aten", "prims", "prim", "npu", "atb", "_C_ascend", "_C"}
+#: On the device an HCCL collective is one task of the stream, captured as such: ``c10d``'s operators (what
+#: ``torch.distributed``'s calls dispatch, writing their tensors in place) and the functional collectives
+#: (``_c10d_functional``: a new result, ready once ``wait_tensor`` returns).
+_COLLECTIVES, _FUNCTIONAL_COLLECTIVES = "c10d", "_c10d_functional"
+#: The namespaces of the operators that are device kernels: torch's, the simulated Ascend's, the collectives.
+_KERNEL_NAMESPACES = {
+    "aten",
+    "prims",
+    "prim",
+    "npu",
+    "atb",
+    "_C_ascend",
+    "_C",
+    _COLLECTIVES,
+    _FUNCTIONAL_COLLECTIVES,
+}
 
 
 def _composite_key(func: Any) -> Any:

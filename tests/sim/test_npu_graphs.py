@@ -265,3 +265,46 @@ def test_task_groups_take_new_arguments_while_the_replay_waits_on_its_event() ->
         "['aten.mul.out']; an update gives each of the group's tasks, one for one, new arguments"
     )
     assert "ExternalEvent not yet recorded, outside a graph" in out["outside_wait"]
+
+
+#: Two ranks capture the same graph around vLLM's tensor parallel reduce (``dist.all_reduce`` on the ``hccl``
+#: group, as ``NPUCommunicator.all_reduce`` issues it) and the other collectives a TP model issues, then replay
+#: it on new inputs.
+COLLECTIVES = """
+import datetime, json, sys
+import torch, torch.distributed as dist, torch_npu
+rank = int(sys.argv[1])
+torch.npu.set_device(rank)
+dist.init_process_group("hccl", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+x = torch.zeros(4, device="npu")
+gathered = torch.empty(8, device="npu")
+graph = torch.npu.NPUGraph()
+with torch.npu.graph(graph):
+    partial = x * (rank + 1)
+    dist.all_reduce(partial)
+    summed = partial + 1
+    dist.all_gather_into_tensor(gathered, x + rank)
+    functional = torch.ops._c10d_functional.all_reduce(x * (rank + 1), "sum", dist.group.WORLD.group_name)
+    functional = torch.ops._c10d_functional.wait_tensor(functional) * 1
+x.copy_(torch.arange(4.0, device="npu"))
+graph.replay()
+print(json.dumps({"summed": summed.cpu().tolist(), "gathered": gathered.cpu().tolist(),
+                  "functional": functional.cpu().tolist()}))
+dist.destroy_process_group()
+"""
+
+
+@needs_backend
+def test_a_replay_runs_the_collectives_it_captured() -> None:
+    """On the device an HCCL collective issued while a graph captures is one of its tasks, run again at each
+    replay with every rank's replay (vLLM's TP reduce in its PIECEWISE and FULL graphs); a replay that skipped it
+    would leave each rank with its own partial sums."""
+    from tests.conftest import run_ranks
+    from tests.sim.npu_backend import child_env
+
+    outs = run_ranks(COLLECTIVES, child_env(), timeout=300)
+    for out in outs:
+        assert out["summed"] == [3 * i + 1 for i in range(4)]  # x * 1 + x * 2, then + 1
+        assert out["gathered"] == [float(i) for i in range(4)] + [float(i + 1) for i in range(4)]
+        assert out["functional"] == [3 * i for i in range(4)]  # torch's functional collectives alike
