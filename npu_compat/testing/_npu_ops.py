@@ -35,8 +35,14 @@ Where each schema (and each fake implementation's shapes) was read:
 * ``_C_ascend::get_masked_input_and_mask``, ``bgmv_shrink``/``bgmv_expand``, ``sgmv_shrink``/
   ``sgmv_expand``: the schema strings of 0.18.0's ``vllm_ascend_C*.so``, the same in 0.23.0.post1's
   ``csrc/torch_binding.cpp`` (vllm-ascend's ``meta_registration`` registers their meta kernels once
-  ``vllm_ascend_C`` is importable); the first computes as vLLM's own ``get_masked_input_and_mask``, the
-  LoRA kernels are compute boundaries.
+  ``vllm_ascend_C`` is importable); the first computes as vLLM's own ``get_masked_input_and_mask``.
+  The punica LoRA kernels compute as vllm-ascend v0.23.0 (tag commit 5cb98caaad; the files are the
+  same on ``releases/v0.23.0``, the branch of 0.23.0.post1) writes them: the bindings and their
+  ``TORCH_CHECK`` s in ``csrc/torch_binding.cpp`` (``bgmv_shrink`` ... ``sgmv_expand``), the AscendC
+  kernels ``csrc/kernels/bgmv_shrink.cpp``, ``bgmv_expand.cpp``, ``sgmv_shrink.cpp``,
+  ``sgmv_expand.cpp``, and the meta kernels (the fake implementations) in
+  ``csrc/torch_binding_meta.cpp``; 0.23.0.post1's ``vllm_ascend/lora/lora_ops.py`` is how
+  ``PunicaWrapperNPU`` calls them.
 
 Computed:
 
@@ -70,6 +76,16 @@ Computed:
 * ``_npu_reshape_and_cache`` -- ``key_cache[slot // block_size, slot % block_size] = key[t]`` (and
   value), in place.
 * ``_npu_matmul_add_fp32`` -- ``C += x^T @ weight`` in float32, in place on ``C``.
+* ``bgmv_shrink``/``sgmv_shrink`` -- LoRA A: ``y[t] = scale * x[t] @ weight[lora(t)]^T`` over ``y``'s row
+  (written, not added), ``x`` and ``weight`` fp16/bf16 cast to float32, products and sums in float32, ``y``
+  float32 ``[T, rank]``; ``bgmv_expand``/``sgmv_expand`` -- LoRA B: ``y[t, slice_offset:slice_offset +
+  slice_size] += x[t] @ weight[lora(t)]^T`` with ``x`` float32 ``[T, rank]``, the sum in float32 rounded
+  once (``CAST_RINT``) to ``y``'s fp16/bf16, always added (``lora_ops.py`` does not pass ``add_inputs`` on),
+  returning ``y`` itself (the meta kernel, and so the fake, returns ``empty_like(y)``).  ``weight`` is
+  ``[num_loras, out, in]`` or ``[num_loras, 1, out, in]``.  ``lora(t)`` is ``indices[t]`` for bgmv; for sgmv
+  the adapter ``lora_indices[i]`` of the first sequence ``i`` with ``t < seq_len[0] + ... + seq_len[i]``.
+  A token whose adapter is negative (-1, no LoRA) or, for sgmv, past the last sequence is skipped: its row of
+  ``y`` stays as it was.  The bindings' ``TORCH_CHECK`` s are ``RuntimeError`` s with their messages.
 
 Compute boundaries (:class:`SimulatedComputeBoundary`, naming the argument): in
 ``npu_fused_infer_attention_score`` every quantization, prefix, padding, ``pse_shift`` and MLA rope
@@ -77,7 +93,13 @@ argument, int8/int4 inputs, ``sparse_mode`` 5-9, the other ``input_layout`` valu
 cache, a paged cache outside ``TND``, ``actual_seq_lengths``/``actual_seq_lengths_kv`` with the dense
 layouts, and a full ``atten_mask`` (sparse modes 0/1) with ``TND``; a ``cos_sin_cache`` narrower or
 wider than ``head_size`` in ``_npu_rotary_embedding``; negative ``slot_indices`` in
-``_npu_reshape_and_cache``.
+``_npu_reshape_and_cache``; in the punica LoRA kernels, what would make the kernel read other bytes than the
+tensors' elements (an argument of another dtype than the kernel's ``X_T``/``W_T``/``Y_T``/``int64_t``, a
+non-contiguous one, a weight not ``[num_loras, (1,) out, in]``, an adapter index past the weight, fewer
+``lora_indices`` than ``seq_len`` entries, more rows of ``x`` than of ``y``) and what v0.23.0's kernels
+compute wrong: rows that are no whole 32-byte ``DataCopy`` blocks (``hidden_in`` of fp16/bf16 not a multiple
+of 16, a shrink rank not a multiple of 8, an expand ``slice_size`` not a multiple of 16) and an expand rank
+other than 8, 16, 32 or 64 (``Compute`` has no branch for it).
 """
 
 from __future__ import annotations
@@ -963,15 +985,262 @@ def _masked_input_fake(input: torch.Tensor, *args: int) -> tuple[torch.Tensor, t
     return torch.empty_like(input), torch.empty_like(input, dtype=torch.bool)
 
 
-def _lora_boundary(name: str) -> Callable[..., Any]:
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        raise _boundary(f"torch.ops._C_ascend.{name} (vllm-ascend's punica LoRA kernel)")
+# ------------------------------------------------------------------ punica LoRA kernels
+# vllm-ascend v0.23.0 (tag commit 5cb98caaad; the files are the same on releases/v0.23.0, the branch of
+# 0.23.0.post1): the bindings in ``csrc/torch_binding.cpp``, the AscendC kernels in
+# ``csrc/kernels/{b,s}gmv_{shrink,expand}.cpp``, the meta kernels in ``csrc/torch_binding_meta.cpp``.
 
-    kernel.__name__ = name
-    return kernel
+_PUNICA = "torch.ops._C_ascend"
+#: The only ranks the expand kernels reduce over (``SUPPORTED_RANKS``; ``Compute`` has a branch for each).
+_EXPAND_RANKS = (8, 16, 32, 64)
+#: The bytes the kernels' ``DataCopy`` moves at a time (a length that is no multiple of it is cut short).
+_BLOCK_BYTES = 32
+
+
+def _torch_check(ok: bool, message: str) -> None:
+    """The binding's ``TORCH_CHECK``: a ``RuntimeError`` with its message."""
+    if not ok:
+        raise RuntimeError(message)
+
+
+def _punica_checks(
+    scalar_type: torch.dtype,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    y: torch.Tensor,
+    indices: torch.Tensor | None = None,
+) -> None:
+    """The ``TORCH_CHECK`` s the four bindings share, in their order (``indices``: the bgmv ones')."""
+    _torch_check(scalar_type in (torch.float16, torch.bfloat16), "only support half and bf16")
+    _torch_check(x.dim() == 2, "x should be [batch_size, hidden_in]")
+    _torch_check(
+        weight.dim() in (3, 4),
+        "weight should be [num_loras, hidden_out, hidden_in] or [num_loras, 1, hidden_out, hidden_in]",
+    )
+    _torch_check(y.dim() == 2, "y should be [batch_size, hidden_out]")
+    if indices is not None:
+        _torch_check(indices.dim() == 1, "indices should be [batch_size]")
+        _torch_check(
+            x.size(0) == y.size(0) and x.size(0) == indices.size(0),
+            "the first dimension of x, y, indices should be same",
+        )
+
+
+def _expand_checks(x: torch.Tensor, y: torch.Tensor, slice_offset: int, slice_size: int) -> None:
+    _torch_check(x.size(1) <= slice_size, "hidden in should be smaller than hidden out")
+    _torch_check(slice_offset >= 0, "slice offset should be no smaller than 0")
+    _torch_check(
+        slice_size + slice_offset <= y.size(1),
+        "slice_size + slice_offset should be smaller than the second dimension of y",
+    )
+
+
+def _punica_memory(
+    name: str,
+    reads: dict[str, tuple[torch.Tensor, torch.dtype]],
+    weight: torch.Tensor,
+    out: int,
+    inner: int,
+) -> torch.Tensor:
+    """The weight as the kernel reads it, ``[num_loras, out, inner]``.  The kernel takes each argument's
+    ``data_ptr()`` as a dense row-major array of the element type it declares (``X_T``, ``W_T``, ``Y_T``,
+    ``int64_t`` indices) and strides the weight by ``singleLoRAWeightLen_ = out * inner``; an argument of
+    another dtype, a non-contiguous one, or a weight of another shape would have it read other bytes than
+    the tensor's elements: not modelled."""
+    for arg, (tensor, dtype) in reads.items():
+        if tensor.dtype != dtype:
+            raise _boundary(f"{_PUNICA}.{name}({arg} of {tensor.dtype}: the kernel reads it as {dtype})")
+        if not tensor.is_contiguous():
+            raise _boundary(f"{_PUNICA}.{name}(a non-contiguous {arg}: the kernel reads it as a dense array)")
+    if tuple(weight.shape[-2:]) != (out, inner) or (weight.dim() == 4 and weight.size(1) != 1):
+        raise _boundary(
+            f"{_PUNICA}.{name}(weight of shape {tuple(weight.shape)}: the kernel strides it as "
+            f"[num_loras, {out}, {inner}])"
+        )
+    return weight.reshape(weight.size(0), out, inner)
+
+
+def _whole_blocks(name: str, what: str, count: int, element_size: int) -> None:
+    """``DataCopy`` moves ``count * element_size / 32`` whole blocks: a row that is no whole number of
+    them is cut short (vllm-ascend fixed it for the shrink output after v0.23.0 with ``DataCopyPad``)."""
+    if count * element_size % _BLOCK_BYTES:
+        raise _boundary(
+            f"{_PUNICA}.{name}({what} of {count} x {element_size} bytes: the kernel's DataCopy moves whole "
+            f"{_BLOCK_BYTES}-byte blocks)"
+        )
+
+
+def _shrink_weights(
+    name: str, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, indices: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """``X_T = W_T = scalar_t``, ``Y_T = float``; the weight ``[num_loras, rank = y.size(1), hidden_in]``."""
+    rank, hidden = y.size(1), x.size(1)
+    reads = {"x": (x, x.dtype), "weight": (weight, x.dtype), "y": (y, torch.float32)}
+    reads.update({arg: (tensor, torch.int64) for arg, tensor in indices.items()})
+    weights = _punica_memory(name, reads, weight, rank, hidden)
+    _whole_blocks(name, "x and weight rows", hidden, x.element_size())
+    _whole_blocks(name, "the float32 rows of y", rank, 4)
+    return weights
+
+
+def _expand_weights(
+    name: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    y: torch.Tensor,
+    slice_size: int,
+    indices: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """``X_T = float``, ``W_T = Y_T = scalar_t``; the weight ``[num_loras, slice_size, rank = x.size(1)]``."""
+    rank = x.size(1)
+    reads = {"x": (x, torch.float32), "weight": (weight, y.dtype), "y": (y, y.dtype)}
+    reads.update({arg: (tensor, torch.int64) for arg, tensor in indices.items()})
+    weights = _punica_memory(name, reads, weight, slice_size, rank)
+    if rank not in _EXPAND_RANKS:
+        raise _boundary(f"{_PUNICA}.{name}(rank {rank}: the kernel reduces ranks {_EXPAND_RANKS} only)")
+    _whole_blocks(name, "the y slice", slice_size, y.element_size())
+    return weights
+
+
+def _sgmv_rows(name: str, lora_indices: torch.Tensor, seq_len: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each token's adapter as the sgmv kernels' ``CopyInIndex`` finds it: token ``t`` belongs to the first
+    sequence ``i`` with ``t < seq_len[0] + ... + seq_len[i]`` and takes ``lora_indices[i]``; a token past
+    the last sequence gets -1."""
+    sequences = seq_len.size(0)  # seqLenSize
+    lora_indices.size(0)  # the binding reads it (loraIndicesSize): a 0-dim tensor fails there
+    rows = torch.full((tokens,), -1, dtype=torch.int64, device=seq_len.device)
+    if sequences == 0 or tokens == 0:
+        return rows
+    ends = torch.cumsum(seq_len.reshape(-1)[:sequences], 0)
+    before_end = ends.unsqueeze(0) > torch.arange(tokens, device=seq_len.device).unsqueeze(1)
+    found = before_end.any(1)
+    if not bool(found.any()):
+        return rows
+    sequence = before_end.to(torch.int32).argmax(1)  # the first one
+    if int(sequence[found].max()) >= lora_indices.numel():
+        raise _boundary(f"{_PUNICA}.{name}(lora_indices shorter than seq_len: the kernel reads past it)")
+    rows[found] = lora_indices.reshape(-1)[sequence[found]]
+    return rows
+
+
+def _adapters(
+    name: str, rows: torch.Tensor, y: torch.Tensor, num_loras: int
+) -> list[tuple[int, torch.Tensor]]:
+    """``(adapter, its tokens)`` for each adapter some token uses; a token whose index is negative is skipped
+    (``if (reqLoRAIndex_ < 0) continue;``): its row of ``y`` is not written."""
+    kept = rows >= 0
+    if not bool(kept.any()):
+        return []
+    used = torch.unique(rows[kept])
+    if int(used.max()) >= num_loras:
+        raise _boundary(
+            f"{_PUNICA}.{name}(lora index {int(used.max())} of {num_loras}: the kernel reads past weight)"
+        )
+    tokens = kept.nonzero().flatten()
+    if int(tokens.max()) >= y.size(0):
+        raise _boundary(f"{_PUNICA}.{name}(x has more rows than y: the kernel writes past y)")
+    return [(lora, (rows == lora).nonzero().flatten()) for lora in used.tolist()]
+
+
+def _shrink(
+    name: str, x: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, y: torch.Tensor, scale: float
+) -> None:
+    """``y[t] = scale * (x[t] @ weights[lora(t)]^T)``, float32 products and sums (x and the weight cast with
+    ``CAST_NONE``, ``Mul``, ``ReduceSum``, ``Muls``), written over ``y``'s row."""
+    for lora, tokens in _adapters(name, rows, y, weights.size(0)):
+        lora_a = weights[lora].to(torch.float32)
+        y.index_copy_(
+            0, tokens, torch.matmul(x.index_select(0, tokens).to(torch.float32), lora_a.t()) * scale
+        )
+
+
+def _expand(
+    name: str,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    rows: torch.Tensor,
+    y: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+) -> torch.Tensor:
+    """``y[t, slice] = rint(y[t, slice] + x[t] @ weights[lora(t)]^T)``: float32 products and sums, added to
+    ``y``'s slice cast to float32, the sum cast back with ``CAST_RINT`` (round half to even) -- always added,
+    whatever ``add_inputs`` the Python wrapper was given.  Returns ``y`` itself (``at::Tensor y_out = y``)."""
+    window = y.narrow(1, slice_offset, slice_size)
+    for lora, tokens in _adapters(name, rows, y, weights.size(0)):
+        lora_b = weights[lora].to(torch.float32)
+        delta = torch.matmul(x.index_select(0, tokens), lora_b.t())
+        window.index_copy_(0, tokens, (window.index_select(0, tokens).to(torch.float32) + delta).to(y.dtype))
+    return y
+
+
+def bgmv_shrink(
+    x: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, y: torch.Tensor, scale: float
+) -> None:
+    """LoRA A for decode: ``y[t] = scale * x[t] @ weight[indices[t]]^T`` (``x`` fp16/bf16 ``[T, hidden_in]``,
+    ``weight`` ``[num_loras, (1,) rank, hidden_in]`` of ``x``'s dtype, ``y`` float32 ``[T, rank]``), over
+    ``y``'s rows; a token with a negative index keeps its row."""
+    _punica_checks(x.dtype, x, weight, y, indices)
+    _torch_check(x.size(1) > y.size(1), "hidden in should be greater than hidden out")
+    weights = _shrink_weights("bgmv_shrink", x, weight, y, {"indices": indices})
+    _shrink("bgmv_shrink", x, weights, indices, y, scale)
+
+
+def bgmv_expand(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    y: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+) -> torch.Tensor:
+    """LoRA B for decode: ``y[t, slice_offset:slice_offset+slice_size] += x[t] @ weight[indices[t]]^T`` (``x``
+    float32 ``[T, rank]``, ``weight`` ``[num_loras, (1,) slice_size, rank]`` of ``y``'s dtype, ``y`` fp16/bf16
+    ``[T, hidden_out]``); a token with a negative index keeps its row.  Returns ``y``."""
+    _punica_checks(y.dtype, x, weight, y, indices)
+    _expand_checks(x, y, slice_offset, slice_size)
+    weights = _expand_weights("bgmv_expand", x, weight, y, slice_size, {"indices": indices})
+    return _expand("bgmv_expand", x, weights, indices, y, slice_offset, slice_size)
+
+
+def sgmv_shrink(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lora_indices: torch.Tensor,
+    seq_len: torch.Tensor,
+    y: torch.Tensor,
+    scale: float,
+) -> None:
+    """``bgmv_shrink`` for prefill: the tokens of sequence ``i`` (``seq_len[i]`` of them, in order) take
+    adapter ``lora_indices[i]``; tokens past the sequences keep their rows."""
+    _punica_checks(x.dtype, x, weight, y)
+    _torch_check(x.size(1) > y.size(1), "hidden in should be greater than hidden out")
+    indices = {"lora_indices": lora_indices, "seq_len": seq_len}
+    weights = _shrink_weights("sgmv_shrink", x, weight, y, indices)
+    _shrink("sgmv_shrink", x, weights, _sgmv_rows("sgmv_shrink", lora_indices, seq_len, x.size(0)), y, scale)
+
+
+def sgmv_expand(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lora_indices: torch.Tensor,
+    seq_len: torch.Tensor,
+    y: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+) -> torch.Tensor:
+    """``bgmv_expand`` for prefill, the tokens' adapters as in ``sgmv_shrink``.  Returns ``y``."""
+    _punica_checks(y.dtype, x, weight, y)
+    _expand_checks(x, y, slice_offset, slice_size)
+    indices = {"lora_indices": lora_indices, "seq_len": seq_len}
+    weights = _expand_weights("sgmv_expand", x, weight, y, slice_size, indices)
+    rows = _sgmv_rows("sgmv_expand", lora_indices, seq_len, x.size(0))
+    return _expand("sgmv_expand", x, weights, rows, y, slice_offset, slice_size)
 
 
 def _lora_expand_fake(x: torch.Tensor, weight: torch.Tensor, *args: Any) -> torch.Tensor:
+    """``torch_binding_meta.cpp``'s ``bgmv_expand_meta``/``sgmv_expand_meta``: ``at::empty_like(y)`` (the
+    real kernel returns ``y`` itself)."""
     y = args[-3]
     return torch.empty_like(y)
 
@@ -1216,10 +1485,10 @@ OPERATORS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "_C_ascend::npu_add_rms_norm_bias": (npu_add_rms_norm_bias, _add_rms_norm_fake),
     "_C_ascend::npu_apply_top_k_top_p": (npu_apply_top_k_top_p, _top_k_top_p_fake),
     "_C_ascend::get_masked_input_and_mask": (get_masked_input_and_mask, _masked_input_fake),
-    "_C_ascend::bgmv_shrink": (_lora_boundary("bgmv_shrink"), _mutating_fake),
-    "_C_ascend::bgmv_expand": (_lora_boundary("bgmv_expand"), _lora_expand_fake),
-    "_C_ascend::sgmv_shrink": (_lora_boundary("sgmv_shrink"), _mutating_fake),
-    "_C_ascend::sgmv_expand": (_lora_boundary("sgmv_expand"), _lora_expand_fake),
+    "_C_ascend::bgmv_shrink": (bgmv_shrink, _mutating_fake),
+    "_C_ascend::bgmv_expand": (bgmv_expand, _lora_expand_fake),
+    "_C_ascend::sgmv_shrink": (sgmv_shrink, _mutating_fake),
+    "_C_ascend::sgmv_expand": (sgmv_expand, _lora_expand_fake),
     **_npu_kernels.OPERATORS,
 }
 

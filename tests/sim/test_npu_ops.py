@@ -4,11 +4,16 @@
 with the real schemas.  Each one is checked on CPU tensors against a plain-torch reference computed
 independently in this file (attention as an explicit softmax over the keys gathered per request,
 rotary embedding through complex numbers, the caches through a Python loop), and under
-``FakeTensorMode``, ``torch.library.opcheck`` and ``torch.compile``.
+``FakeTensorMode``, ``torch.library.opcheck`` and ``torch.compile``.  The punica LoRA kernels are called as
+vllm-ascend's released ``lora_ops.py`` calls them and checked against vLLM's plain-torch
+``vllm.lora.ops.torch_ops``, and once on ``npu`` tensors of a simulated Ascend through the released
+``PunicaWrapperNPU`` against vLLM's ``PunicaWrapperCPU``.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 from typing import Any
 
@@ -20,8 +25,10 @@ F = torch.nn.functional
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from npu_compat.testing import _npu_ops  # noqa: E402
+from npu_compat.testing import _npu_ops, _sites, _vllm_ascend_release  # noqa: E402
 from npu_compat.testing._boundary import SimulatedComputeBoundary  # noqa: E402
+from tests.conftest import run_py  # noqa: E402
+from tests.sim.npu_backend import needs_backend, sim_env  # noqa: E402
 
 _npu_ops.register()
 npu, atb, c_ascend = torch.ops.npu, torch.ops.atb, torch.ops._C_ascend
@@ -104,6 +111,27 @@ REAL_SCHEMAS = {
         "npu_apply_top_k_top_p",
         "default",
     ): "_C_ascend::npu_apply_top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor",
+    # vllm-ascend v0.23.0 csrc/torch_binding.cpp, the punica LoRA kernels
+    (
+        "_C_ascend",
+        "bgmv_shrink",
+        "default",
+    ): "_C_ascend::bgmv_shrink(Tensor! x, Tensor! weight, Tensor! indices, Tensor! y, float scale) -> ()",
+    (
+        "_C_ascend",
+        "bgmv_expand",
+        "default",
+    ): "_C_ascend::bgmv_expand(Tensor! x, Tensor! weight, Tensor! indices, Tensor! y,            int slice_offset, int slice_size) -> Tensor",
+    (
+        "_C_ascend",
+        "sgmv_shrink",
+        "default",
+    ): "_C_ascend::sgmv_shrink(Tensor! x, Tensor! weight, Tensor! lora_indices, Tensor! seq_len, Tensor! y, float scale) -> ()",
+    (
+        "_C_ascend",
+        "sgmv_expand",
+        "default",
+    ): "_C_ascend::sgmv_expand(Tensor! x, Tensor! weight, Tensor! lora_indices, Tensor! seq_len, Tensor! y,            int slice_offset, int slice_size) -> Tensor",
     # torch_npu's kernels of transformers and verl, and the backward kernels of their autograd formulas
     (
         "npu",
@@ -813,6 +841,10 @@ def opcheck_cases() -> list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]]:
     )  # fmt: skip
     x = randn(3, 16, seed=244)
     logits = randn(3, 20, seed=245)
+    lora_x, lora_a = (
+        randn(3, 32, seed=254, dtype=torch.bfloat16),
+        randn(2, 1, 8, 32, seed=255, dtype=torch.bfloat16),
+    )
     return [
         ("add_rms_norm", npu.npu_add_rms_norm.default, (x, x.flip(0), randn(16, seed=246)), {}),
         (
@@ -875,6 +907,18 @@ def opcheck_cases() -> list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]]:
             "matmul_add",
             atb._npu_matmul_add_fp32.default,
             (randn(2, 3, seed=252), randn(2, 4, seed=253), torch.zeros(3, 4)),
+            {},
+        ),
+        (
+            "bgmv_shrink",
+            c_ascend.bgmv_shrink.default,
+            (lora_x, lora_a, torch.tensor([1, -1, 0]), torch.zeros(3, 8), 0.5),
+            {},
+        ),
+        (
+            "sgmv_shrink",
+            c_ascend.sgmv_shrink.default,
+            (lora_x, lora_a, torch.tensor([1, 0]), torch.tensor([2, 1]), torch.zeros(3, 8), 0.5),
             {},
         ),
     ]
@@ -1034,5 +1078,379 @@ def test_masked_input_and_mask_equals_vllms_own() -> None:
     got = torch.ops._C_ascend.get_masked_input_and_mask(ids, *args)
     want = vocab.get_masked_input_and_mask(ids, *args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    with pytest.raises(SimulatedComputeBoundary, match="bgmv_shrink"):
-        torch.ops._C_ascend.bgmv_shrink(ids.float(), ids.float(), ids, ids.float(), 1.0)
+
+
+# --------------------------------------------------------------------------- the punica LoRA kernels
+# ``_C_ascend::{b,s}gmv_{shrink,expand}``, called as vllm-ascend's ``vllm_ascend/lora/lora_ops.py`` calls them
+# (``PunicaWrapperNPU`` calls nothing else), against vLLM's plain-torch ``vllm.lora.ops.torch_ops``.
+
+
+class LoraOpsMapping:
+    """vllm-ascend 0.23.0.post1's ``vllm_ascend/lora/lora_ops.py``, where the laid-out release is not at hand:
+    vLLM's argument order mapped onto the operators' (``add_inputs`` is not passed on)."""
+
+    @staticmethod
+    def bgmv_shrink(x: Any, w: Any, y: Any, indices: Any, scaling: float = 1.0) -> Any:
+        return c_ascend.bgmv_shrink(x, w, indices, y, scaling)
+
+    @staticmethod
+    def bgmv_expand(x: Any, w: Any, y: Any, indices: Any, add_inputs: bool = True) -> Any:
+        return c_ascend.bgmv_expand(x, w, indices, y, 0, y.size(1))
+
+    @staticmethod
+    def bgmv_expand_slice(
+        x: Any, w: Any, y: Any, indices: Any, offset: int, size: int, add_inputs: bool = True
+    ) -> Any:
+        return c_ascend.bgmv_expand(x, w, indices, y, offset, size)
+
+    @staticmethod
+    def sgmv_shrink(x: Any, w: Any, y: Any, starts: Any, seq_len: Any, lora: Any, *meta: Any) -> Any:
+        return c_ascend.sgmv_shrink(x, w, lora, seq_len, y, meta[-1])  # meta: batches, max, tokens, scaling
+
+    @staticmethod
+    def sgmv_expand(x: Any, w: Any, y: Any, starts: Any, seq_len: Any, lora: Any, *meta: Any) -> Any:
+        return c_ascend.sgmv_expand(x, w, lora, seq_len, y, 0, y.size(1))
+
+    @staticmethod
+    def sgmv_expand_slice(x: Any, w: Any, y: Any, starts: Any, seq_len: Any, lora: Any, *meta: Any) -> Any:
+        offset, size = meta[3], meta[4]
+        return c_ascend.sgmv_expand(x, w, lora, seq_len, y, offset, size)
+
+
+VLLM = _sites.installed_vllm()
+#: The vllm-ascend release paired with the installed vLLM, where the stack sessions laid it out.
+RELEASE = _sites.vllm_ascend_release(VLLM) if VLLM else None
+LAID_OUT = RELEASE is not None and _vllm_ascend_release.is_laid_out(RELEASE)
+
+
+def lora_ops_module() -> Any:
+    """The released ``vllm_ascend/lora/lora_ops.py`` (it imports torch alone), loaded from the laid-out release;
+    :class:`LoraOpsMapping` where none is laid out."""
+    if RELEASE is None or not LAID_OUT:
+        return LoraOpsMapping
+    path = _vllm_ascend_release.layout_dir(RELEASE) / "vllm_ascend" / "lora" / "lora_ops.py"
+    spec = importlib.util.spec_from_file_location("_released_vllm_ascend_lora_ops", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LORA_OPS = lora_ops_module()
+
+#: Seven tokens, three adapters, -1 for a token without one (``PunicaWrapperBase.token_lora_indices``); the
+#: same tokens as five sequences for sgmv (``compute_meta``'s ``unique_consecutive``, -1 sequences too).
+TOKEN_LORAS = [2, 2, -1, 0, 1, 1, -1]
+SEQ_LEN, SEQ_LORAS = [2, 1, 1, 2, 1], [2, -1, 0, 1, -1]
+#: ``prefill_metadata``: seq_start_locs (unused by lora_ops.py), lengths, adapters, batches, max length, tokens.
+SEQ_META = (None, torch.tensor(SEQ_LEN), torch.tensor(SEQ_LORAS), 5, 2, 7)
+T, HIDDEN, RANK, LORAS = 7, 64, 16, 3
+
+
+def torch_ops() -> Any:
+    return pytest.importorskip(
+        "vllm.lora.ops.torch_ops", reason="needs vllm (installed by the upstream stack sessions)"
+    )
+
+
+def zero_slot(weights: Any) -> Any:
+    """The stack with a zero adapter appended: vLLM's torch ops index it with -1, which picks the last adapter
+    (vLLM's Triton kernels and vllm-ascend's skip the token), so there the zero adapter stands for no LoRA."""
+    return torch.cat([weights, torch.zeros_like(weights[:1])])
+
+
+def lora_call(op: str, x: Any, w: Any, y: Any, *args: Any) -> Any:
+    """``op`` of :data:`LORA_OPS` (``bgmv_*``: per-token indices; ``sgmv_*``: the sequences' metadata)."""
+    if op.startswith("sgmv"):
+        return getattr(LORA_OPS, op)(x, w, y, *SEQ_META, *args)
+    return getattr(LORA_OPS, op)(x, w, y, torch.tensor(TOKEN_LORAS), *args)
+
+
+def reference_call(op: str, x: Any, w: Any, y: Any, *args: Any) -> None:
+    ref = torch_ops()
+    if op.startswith("sgmv"):
+        getattr(ref, op)(x, zero_slot(w), y, *SEQ_META, *args)
+    else:
+        getattr(ref, op)(x, zero_slot(w), y, torch.tensor(TOKEN_LORAS), *args)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["bgmv_shrink", "sgmv_shrink"])
+@pytest.mark.parametrize("weight_dims", [4, 3])
+def test_lora_shrink_equals_vllms_torch_ops(op: str, dtype: Any, weight_dims: int) -> None:
+    """``y = scale * x @ lora_a[lora]^T`` in float32 over the zeroed float32 buffer ``PunicaWrapperNPU`` passes,
+    with the adapter stack as vLLM holds it (``[max_loras, 1, rank, hidden]``) or without its 1."""
+    x = randn(T, HIDDEN, seed=300, dtype=dtype)
+    lora_a = randn(LORAS, 1, RANK, HIDDEN, seed=301, dtype=dtype)
+    if weight_dims == 3:
+        lora_a = lora_a[:, 0]
+    got, want = torch.zeros(T, RANK), torch.zeros(T, RANK)
+    assert lora_call(op, x, lora_a, got, 0.25) is None
+    reference_call(op, x, lora_a, want, 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got[[2, 6]].eq(0).all() and got[[0, 1, 3, 4, 5]].ne(0).all()
+
+
+EXPAND_CASES = [
+    ("bgmv_expand", ()),
+    ("bgmv_expand_slice", (40, 48)),
+    ("sgmv_expand", ()),
+    ("sgmv_expand_slice", (40, 48)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("op", "window"), EXPAND_CASES, ids=[case[0] for case in EXPAND_CASES])
+def test_lora_expand_adds_into_y_as_vllms_torch_ops(op: str, window: tuple[int, ...], dtype: Any) -> None:
+    """``y[:, offset:offset+size] += x @ lora_b[lora]^T``: ``x`` the float32 shrink buffer, the sum in float32
+    rounded once to ``y``'s dtype; the rest of ``y`` and the rows of tokens without LoRA are left as they were;
+    the operator returns ``y`` itself (``at::Tensor y_out = y``)."""
+    offset, size = window or (0, 48)
+    x = randn(T, RANK, seed=310) * 2
+    lora_b = randn(LORAS, 1, size, RANK, seed=311, dtype=dtype)
+    y = randn(T, 96 if window else size, seed=312, dtype=dtype)
+    got, want = y.clone(), y.clone()
+    returned = lora_call(op, x, lora_b, got, *window, True)
+    reference_call(op, x, lora_b, want, *window, True)
+    assert returned is got
+    # vLLM's torch ops round x and the product to y's dtype first: a few ulps apart
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.25)
+    rows = torch.tensor(TOKEN_LORAS)
+    exact = y.double()
+    exact[:, offset : offset + size] += torch.einsum(
+        "tr,tor->to", x.double(), lora_b[rows.clamp(min=0), 0].double()
+    )
+    exact[rows < 0] = y[rows < 0].double()
+    torch.testing.assert_close(got, exact.to(dtype))  # rounded once: within dtype's default tolerance
+    assert torch.equal(got[:, :offset], y[:, :offset]) and torch.equal(
+        got[:, offset + size :], y[:, offset + size :]
+    )
+    assert torch.equal(got[rows < 0], y[rows < 0])
+
+
+def test_lora_kernels_write_only_the_rows_of_tokens_with_an_adapter() -> None:
+    """The kernels skip a token whose index is negative (``if (reqLoRAIndex_ < 0) continue;``) and, for sgmv, one
+    past the last sequence (``CopyInIndex`` gives it -1); a sequence of length 0 takes no token.  Shrink writes
+    over a row (it does not add); expand always adds, whatever ``add_inputs`` lora_ops.py was given."""
+    x = randn(5, 32, seed=320, dtype=torch.bfloat16)
+    lora_a = randn(2, 1, 8, 32, seed=321, dtype=torch.bfloat16)
+    y = torch.full((5, 8), 7.0)
+    c_ascend.bgmv_shrink(x, lora_a, torch.tensor([1, -1, 0, -1, 1]), y, 1.0)
+    product = torch.einsum("th,trh->tr", x.float(), lora_a[torch.tensor([1, 0, 0, 0, 1]), 0].float())
+    assert torch.equal(y[[1, 3]], torch.full((2, 8), 7.0))
+    torch.testing.assert_close(y[[0, 2, 4]], product[[0, 2, 4]])
+    # sequences of 2, 0 and 2 tokens with adapters 1, 0 and 0: the second takes no token, the fifth is in none
+    y = torch.full((5, 8), 7.0)
+    c_ascend.sgmv_shrink(x, lora_a, torch.tensor([1, 0, 0]), torch.tensor([2, 0, 2]), y, 1.0)
+    product = torch.einsum("th,trh->tr", x.float(), lora_a[torch.tensor([1, 1, 0, 0, 0]), 0].float())
+    torch.testing.assert_close(y[:4], product[:4])
+    assert torch.equal(y[4], torch.full((8,), 7.0))
+
+    shrunk = randn(5, 8, seed=322)
+    lora_b = randn(2, 1, 16, 8, seed=323, dtype=torch.bfloat16)
+    y = randn(5, 16, seed=324, dtype=torch.bfloat16)
+    got = y.clone()
+    LORA_OPS.sgmv_expand(shrunk, lora_b, got, None, torch.tensor([3]), torch.tensor([0]), 1, 3, 3, False)
+    delta = shrunk[:3] @ lora_b[0, 0].float().t()
+    torch.testing.assert_close(got[:3], (y[:3].float() + delta).bfloat16())
+    assert torch.equal(got[3:], y[3:])
+
+
+def test_lora_bindings_reject_what_torch_binding_cpp_rejects() -> None:
+    """The ``TORCH_CHECK`` s of ``csrc/torch_binding.cpp``: ``RuntimeError`` with their messages."""
+    x, lora_a = (
+        randn(3, 32, seed=330, dtype=torch.bfloat16),
+        randn(2, 1, 8, 32, seed=331, dtype=torch.bfloat16),
+    )
+    idx, y = torch.tensor([0, 1, -1]), torch.zeros(3, 8)
+    with pytest.raises(RuntimeError, match="only support half and bf16"):
+        c_ascend.bgmv_shrink(x.float(), lora_a.float(), idx, y, 1.0)
+    with pytest.raises(RuntimeError, match="the first dimension of x, y, indices should be same"):
+        c_ascend.bgmv_shrink(x, lora_a, idx[:2], y, 1.0)
+    with pytest.raises(RuntimeError, match="hidden in should be greater than hidden out"):
+        c_ascend.sgmv_shrink(x[:, :8], lora_a[..., :8], idx[:1], torch.tensor([3]), y, 1.0)
+    with pytest.raises(RuntimeError, match=r"weight should be \[num_loras"):
+        c_ascend.bgmv_shrink(x, lora_a[0, 0], idx, y, 1.0)
+    lora_b, out = randn(2, 1, 16, 8, seed=332, dtype=torch.bfloat16), torch.zeros(3, 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="only support half and bf16"):
+        c_ascend.bgmv_expand(y, lora_b.float(), idx, out.float(), 0, 16)
+    with pytest.raises(RuntimeError, match="hidden in should be smaller than hidden out"):
+        c_ascend.bgmv_expand(y, lora_b[..., :4, :], idx, out, 0, 4)
+    with pytest.raises(RuntimeError, match="slice_size \\+ slice_offset should be smaller"):
+        c_ascend.sgmv_expand(y, lora_b, idx[:1], torch.tensor([3]), out, 24, 16)
+    with pytest.raises(RuntimeError, match="slice offset should be no smaller than 0"):
+        c_ascend.bgmv_expand(y, lora_b, idx, out, -1, 16)
+
+
+def test_lora_kernels_name_what_they_do_not_model() -> None:
+    """What would make the real kernel read other bytes than the tensors' elements, or that it computes wrong
+    (v0.23.0's ``DataCopy`` of rows that are no whole 32-byte blocks; an expand rank without a branch in
+    ``Compute``), is a :class:`SimulatedComputeBoundary` naming it."""
+    x, lora_a = (
+        randn(3, 32, seed=340, dtype=torch.bfloat16),
+        randn(2, 1, 8, 32, seed=341, dtype=torch.bfloat16),
+    )
+    idx, y = torch.tensor([0, 1, -1]), torch.zeros(3, 8)
+    lora_b, out = randn(2, 1, 16, 8, seed=342, dtype=torch.bfloat16), torch.zeros(3, 16, dtype=torch.bfloat16)
+    cases: list[tuple[str, Any]] = [
+        (r"y of torch\.bfloat16: the kernel reads it as torch\.float32", lambda: c_ascend.bgmv_shrink(
+            x, lora_a, idx, y.bfloat16(), 1.0)),
+        (r"weight of torch\.float16", lambda: c_ascend.bgmv_shrink(x, lora_a.half(), idx, y, 1.0)),
+        (r"indices of torch\.int32", lambda: c_ascend.bgmv_shrink(x, lora_a, idx.int(), y, 1.0)),
+        (r"a non-contiguous x", lambda: c_ascend.bgmv_shrink(
+            randn(32, 3, seed=343, dtype=torch.bfloat16).t(), lora_a, idx, y, 1.0)),
+        (r"weight of shape \(2, 1, 8, 48\)", lambda: c_ascend.bgmv_shrink(
+            x, randn(2, 1, 8, 48, seed=344, dtype=torch.bfloat16), idx, y, 1.0)),
+        (r"lora index 2 of 2", lambda: c_ascend.bgmv_shrink(x, lora_a, torch.tensor([0, 2, 1]), y, 1.0)),
+        (r"lora_indices shorter than seq_len", lambda: c_ascend.sgmv_shrink(
+            x, lora_a, torch.tensor([0]), torch.tensor([1, 2]), y, 1.0)),
+        (r"the float32 rows of y of 4 x 4 bytes", lambda: c_ascend.bgmv_shrink(
+            x, lora_a[:, :, :4].contiguous(), idx, torch.zeros(3, 4), 1.0)),
+        (r"x and weight rows of 40 x 2 bytes", lambda: c_ascend.bgmv_shrink(
+            randn(3, 40, seed=345, dtype=torch.bfloat16), randn(2, 1, 8, 40, seed=346, dtype=torch.bfloat16),
+            idx, y, 1.0)),
+        (r"x of torch\.bfloat16: the kernel reads it as torch\.float32", lambda: c_ascend.bgmv_expand(
+            y.bfloat16(), lora_b, idx, out, 0, 16)),
+        (r"rank 4: the kernel reduces ranks \(8, 16, 32, 64\) only", lambda: c_ascend.bgmv_expand(
+            torch.zeros(3, 4), lora_b[..., :4].contiguous(), idx, out, 0, 16)),
+        (r"the y slice of 24 x 2 bytes", lambda: c_ascend.bgmv_expand(
+            y, randn(2, 1, 24, 8, seed=347, dtype=torch.bfloat16), idx, torch.zeros(3, 24, dtype=torch.bfloat16),
+            0, 24)),
+        (r"x has more rows than y", lambda: c_ascend.sgmv_expand(
+            y, lora_b, torch.tensor([0]), torch.tensor([3]), out[:2], 0, 16)),
+    ]  # fmt: skip
+    for named, call in cases:
+        with pytest.raises(SimulatedComputeBoundary, match=named):
+            call()
+
+
+def test_lora_ops_under_fake_tensor_mode_opcheck_and_compile() -> None:
+    """The fake implementations are vllm-ascend's meta kernels (``csrc/torch_binding_meta.cpp``): shrink returns
+    nothing, expand ``empty_like(y)``.  The real kernel returns ``y`` itself, which the schema does not declare as
+    an alias: opcheck's schema and fake-tensor checks say so, its AOT check passes; a compiled LoRA step (the
+    in-place ops functionalized) equals eager."""
+    x, lora_a = (
+        randn(3, 32, seed=350, dtype=torch.bfloat16),
+        randn(2, 1, 8, 32, seed=351, dtype=torch.bfloat16),
+    )
+    lora_b = randn(2, 1, 16, 8, seed=352, dtype=torch.bfloat16)
+    idx = torch.tensor([1, -1, 0])
+    with FakeTensorMode() as mode:
+        fx, fy = mode.from_tensor(x), torch.empty(3, 40, dtype=torch.bfloat16)
+        assert (
+            c_ascend.bgmv_shrink(fx, mode.from_tensor(lora_a), mode.from_tensor(idx), torch.empty(3, 8), 1.0)
+            is None
+        )
+        out = c_ascend.bgmv_expand(
+            torch.empty(3, 8), mode.from_tensor(lora_b), mode.from_tensor(idx), fy, 8, 16
+        )
+        assert out.shape == (3, 40) and out.dtype == torch.bfloat16 and out is not fy
+        out = c_ascend.sgmv_expand(torch.empty(3, 8), mode.from_tensor(lora_b), torch.empty(2, dtype=torch.int64),
+                                   torch.empty(2, dtype=torch.int64), fy, 8, 16)  # fmt: skip
+        assert out.shape == (3, 40)
+
+    for op, args in (
+        (c_ascend.bgmv_expand.default, (randn(3, 8, seed=353), lora_b, idx, torch.zeros(3, 40, dtype=torch.bfloat16), 8, 16)),
+        (c_ascend.sgmv_expand.default, (randn(3, 8, seed=353), lora_b, torch.tensor([1, 0]), torch.tensor([2, 1]),
+                                        torch.zeros(3, 40, dtype=torch.bfloat16), 8, 16)),
+    ):  # fmt: skip
+        result = torch.library.opcheck(op, args, raise_exception=False)
+        assert result["test_aot_dispatch_dynamic"] == "SUCCESS", result
+        assert "Argument y is not defined to alias output but was aliasing" in str(result["test_schema"])
+        assert "outputs_alias_inputs" in str(result["test_faketensor"])
+
+    def step(x: Any, y: Any, buffer: Any) -> Any:
+        c_ascend.bgmv_shrink(x, lora_a, idx, buffer, 0.5)
+        c_ascend.bgmv_expand(buffer, lora_b, idx, y, 8, 16)
+        return y * 2
+
+    y = randn(3, 40, seed=354, dtype=torch.bfloat16)
+    eager = [x, y.clone(), torch.zeros(3, 8)]
+    compiled = [x, y.clone(), torch.zeros(3, 8)]
+    expected = step(*eager)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(*compiled)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(compiled[1], eager[1])
+    torch.testing.assert_close(compiled[2], eager[2])
+
+
+PUNICA_NPU = """
+import json
+import torch
+from vllm.lora.layers.utils import LoRAMapping
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+from vllm_ascend.lora import lora_ops
+from vllm_ascend.lora.punica_npu import PunicaWrapperNPU
+
+g = torch.Generator().manual_seed(360)
+randn = lambda *shape: torch.randn(*shape, generator=g).bfloat16()
+tokens, hidden, rank, loras, vocab, slices = 7, 64, 16, 3, 64, (32, 16, 16)
+lora_a = tuple(randn(loras, 1, rank, hidden) for _ in slices)
+lora_b = tuple(randn(loras, 1, size, rank) for size in slices)
+x, y = randn(tokens, hidden), randn(tokens, sum(slices))
+emb_x, emb_b, emb_y = randn(tokens, rank), randn(loras, 1, 48, rank), randn(tokens, 48)
+logit_x, logit_a, logit_b, logits = randn(4, hidden), randn(loras, 1, rank, hidden), randn(loras, 1, vocab, rank), randn(4, vocab)
+zero_slot = lambda w: torch.cat([w, torch.zeros_like(w[:1])])   # vLLM's torch ops take -1 as the last adapter
+npu = lambda t: t.to("npu")
+seen = {"lora_ops": lora_ops.__file__}
+for prefill in (True, False):
+    # adapter ids per token (0: none), per request; slots by lora_index_to_id
+    mapping = LoRAMapping((1, 1, 0, 3, 3, 3, 2), (1, 0, 3, 2), is_prefill=prefill)
+    wrapper = PunicaWrapperNPU(16, 8, "npu")
+    wrapper.update_metadata(mapping, [1, 2, 3], loras, vocab)
+    reference = PunicaWrapperCPU(16, 8, "cpu")
+    reference.update_metadata(mapping, [1, 2, 3, None], loras + 1, vocab)
+    got, want = npu(y), y.clone()
+    wrapper.add_lora_linear(got, npu(x), tuple(map(npu, lora_a)), tuple(map(npu, lora_b)), 0.5, slices)
+    reference.add_lora_linear(want, x, tuple(map(zero_slot, lora_a)), tuple(map(zero_slot, lora_b)), 0.5, slices)
+    emb_got, emb_want = npu(emb_y), emb_y.clone()
+    wrapper.add_lora_embedding(emb_got, npu(emb_x), npu(emb_b), add_inputs=True)
+    reference.add_lora_embedding(emb_want, emb_x, zero_slot(emb_b), add_inputs=True)
+    pairs = {"linear": (got, want), "embedding": (emb_got, emb_want)}
+    if not prefill:
+        logit_got, logit_want = npu(logits), logits.clone()
+        wrapper.add_lora_logits(logit_got, npu(logit_x), npu(logit_a), npu(logit_b), 1.0)
+        reference.add_lora_logits(logit_want, logit_x, zero_slot(logit_a), zero_slot(logit_b), 1.0)
+        pairs["logits"] = (logit_got, logit_want)
+    for name, (a, b) in pairs.items():
+        seen[f"{name} prefill={prefill}"] = {
+            "device": a.device.type,
+            "relative": ((a.cpu().float() - b.float()).abs().max() / b.float().abs().max()).item(),
+            "changed": (a.cpu() != (y if name == "linear" else emb_y if name == "embedding" else logits)).any(1).tolist(),
+        }
+print(json.dumps(seen))
+"""
+
+
+@needs_backend
+@pytest.mark.skipif(VLLM is None, reason="needs vllm (installed by the upstream stack sessions)")
+@pytest.mark.skipif(
+    not LAID_OUT,
+    reason=f"vllm-ascend {RELEASE} is not laid out here (python -m npu_compat.testing vllm-ascend)",
+)
+def test_the_released_punica_wrapper_npu_runs_lora_on_npu_tensors() -> None:
+    """The released ``PunicaWrapperNPU`` on a simulated Ascend, ``npu`` tensors, through the released
+    ``lora_ops.py``: LoRA on a merged linear layer (sgmv in prefill, bgmv in decode, each slice through the
+    ``*_expand_slice`` ops), on the embedding (``*_expand``) and on the logits (``bgmv_shrink`` +
+    ``bgmv_expand``) equals vLLM's ``PunicaWrapperCPU`` on the torch ops, the token and the request without an
+    adapter left as they were."""
+    env = sim_env(1, NPU_COMPAT_SIMULATE_VLLM_ASCEND="real", VLLM_ASCEND_ENABLE_NZ="0")
+    proc = run_py(PUNICA_NPU, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # vLLM logs after it
+    assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    seen = json.loads(lines[-1])
+    assert RELEASE is not None and seen.pop("lora_ops").startswith(
+        str(_vllm_ascend_release.layout_dir(RELEASE))
+    )
+    assert sorted(seen) == [
+        "embedding prefill=False", "embedding prefill=True", "linear prefill=False", "linear prefill=True",
+        "logits prefill=False",
+    ]  # fmt: skip
+    for name, case in seen.items():
+        assert case["device"] == "npu", name
+        assert case["relative"] < 2e-2, (name, case)  # bfloat16: vLLM's torch ops round more often
+        # token 2 (adapter id 0) has no LoRA; for the logits, the second request
+        assert case["changed"] == (
+            [True, False, True, True] if name.startswith("logits") else [True] * 2 + [False] + [True] * 4
+        ), (name, case)

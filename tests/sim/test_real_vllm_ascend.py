@@ -696,3 +696,69 @@ def test_trinitys_prompt_logprob_patch_runs_on_the_real_model_runner() -> None:
     assert seen["vllm"][0] is None
     assert seen["vllm"][1:] == pytest.approx(seen["scaled"], abs=1e-4)
     assert seen["vllm"][1:] != pytest.approx(seen["plain"], abs=1e-4)  # Trinity's temperature, not vLLM's own
+
+
+#: Greedy tokens of a tiny Qwen2 with a LoRA adapter (PEFT's, rank 8, every linear layer, A and B of spread 0.5) through
+#: vLLM's engine (eager, TP 1, bfloat16) on the release's punica wrapper, and transformers' with PEFT on the same
+#: weights in the same dtype; and without the adapter, in the same batch of requests.
+LORA = """
+import json, os, tempfile
+import torch
+from tests.e2e.tiny_model import make_tiny_model
+
+def main():
+    directory = tempfile.mkdtemp()
+    tiny = make_tiny_model(os.path.join(directory, "tiny"), initializer_range=0.5)
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    # in the engine's dtype: in float32 the base model's greedy tokens of the first prompt tip at its 5th
+    hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16).eval()
+    hf.generation_config.eos_token_id = None  # vLLM's ignore_eos
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    peft = get_peft_model(hf, config).eval()
+    with torch.no_grad():  # an adapter that moves the logits as much as the weights do
+        for name, param in peft.named_parameters():
+            if "lora_" in name:
+                param.normal_(0.0, 0.5)
+    adapter = os.path.join(directory, "adapter")
+    peft.save_pretrained(adapter)
+    prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22, 23, 24, 25]]
+    def reference(model):
+        return [model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
+    with torch.no_grad():
+        ref_lora = reference(peft)
+        with peft.disable_adapter():
+            ref_base = reference(peft)
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+    # bfloat16: the kernels take half and bf16 only ("only support half and bf16", as on the device)
+    llm = LLM(model=str(tiny), enforce_eager=True, dtype="bfloat16", max_model_len=128, seed=0,
+              distributed_executor_backend="mp", enable_lora=True, max_lora_rank=8, max_loras=1)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    lora = LoRARequest("tiny-lora", 1, adapter)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    # one batch: each prompt with and without the adapter (a token whose LoRA index is -1 takes none)
+    outputs = llm.generate(requests * 2, greedy, lora_request=[lora] * 3 + [None] * 3, use_tqdm=False)
+    tokens = [list(r.outputs[0].token_ids) for r in outputs]
+    print(json.dumps({"lora": tokens[:3], "base": tokens[3:], "ref_lora": ref_lora, "ref_base": ref_base}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@needs_backend
+@pytest.mark.many_processes
+def test_lora_on_the_real_punica_wrapper_generates_what_peft_generates() -> None:
+    """vllm-ascend's ``PunicaWrapperNPU`` runs the adapter through ``torch.ops._C_ascend``'s ``sgmv_*`` (prefill)
+    and ``bgmv_*`` (decode) kernels: with the adapter the engine generates PEFT's greedy tokens, without it (in
+    the same batch) the base model's, and the adapter changes them."""
+    seen = real_run(
+        LORA, timeout=900, VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_PORT=str(free_port()),
+    )  # fmt: skip
+    print(json.dumps(seen))
+    assert seen["ref_lora"] != seen["ref_base"]  # the adapter matters: a check that can fail
+    assert seen["lora"] == seen["ref_lora"]
+    assert seen["base"] == seen["ref_base"]
