@@ -20,8 +20,17 @@ Equal lines mean the rollout's model holds, byte for byte, what the trainer sent
 side logs ``simulated weight sync (rollout storages)``: how many parameters and buffers are at the device
 address they had when the reload started (``initialize_layerwise_reload``), and which moved.  That is what
 the release's reload left where a captured ACL graph reads, before npu-compat's guard (after the worker's
-finish) puts anything back.  The rollout side is read at tensor parallel 1 only: under TP each rank holds
-slices, and the line says it was not taken.  Nothing here changes what is sent, received or held: it reads,
+finish) puts anything back.
+
+Under tensor parallelism each rank holds slices, so each rank logs what the stand-in's ranks log instead
+of ``rollout loaded``: ``rollout tp rank R/T received`` (the full tensors handed to the loader, equal to
+``trainer sent``), ``... expected`` (its slice of each, in the dtype its model holds, cut by the partition
+that vLLM's layer states: a ``VocabParallelEmbedding``'s ``shard_indices`` with its padding rows zero, a
+``RowParallelLinear``'s input columns, a ``QKVParallelLinear``'s query heads and its replicated KV heads, a
+``MergedColumnParallelLinear``'s or ``ColumnParallelLinear``'s output rows; anything else whole) and
+``... holds`` (what the rank's model holds under each name after the reload, equal to ``expected``).  The
+slices are read from the layers' own partition attributes, not from their weight loaders, so the loaders and
+vLLM's reload are what the line checks.  Nothing here changes what is sent, received or held: it reads,
 after the fact, and only on the simulated host.
 """
 
@@ -113,12 +122,38 @@ def _digested(iterator: Iterator[Any]) -> Iterator[Any]:
 
 
 def _receiving(receive: Callable[..., Any], self: Any, update_info: Any, load_weights: Any) -> Any:
+    model = getattr(load_weights, "__self__", None)  # the worker hands ``model.load_weights``
+
     def load(weights: Any) -> Any:
         weights = list(weights)
         _received.update((name, tensor.dtype) for name, tensor in weights)
+        if model is not None and _tp()[1] > 1:
+            for name, tensor in weights:
+                _sharded.full.update(name, tensor)
+                expected = _slice(model, name, tensor)
+                if expected is not None:
+                    _sharded.expected.update(name, expected)
         return load_weights(weights)
 
     return receive(self, update_info, load_weights=load)
+
+
+class _Shards:
+    """This rank since its last update finished: the full tensors received, and its slices of them."""
+
+    def __init__(self) -> None:
+        self.full = WeightsDigest()
+        self.expected = WeightsDigest()
+
+
+_sharded = _Shards()
+
+
+def _tp() -> tuple[int, int]:
+    """This process's tensor parallel rank and size."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
 
 
 def _finalized(finalize: Callable[..., Any], model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -142,33 +177,50 @@ def _finalized(finalize: Callable[..., Any], model: Any, *args: Any, **kwargs: A
 
 
 def _log_held(model: Any, received: dict[str, Any]) -> None:
-    """``rollout loaded``: what ``model`` holds under each received name, in the dtype it arrived in."""
-    from vllm.distributed import get_tensor_model_parallel_world_size
-
-    if get_tensor_model_parallel_world_size() != 1:
-        logger.info("simulated weight sync (rollout): not read back at tensor parallel > 1")
-        return
+    """``rollout loaded``: what ``model`` holds under each received name, in the dtype it arrived in; under
+    tensor parallelism the rank's ``received``, ``expected`` and ``holds`` (its slices, in its dtype)."""
+    global _sharded
+    rank, size = _tp()
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     digest = WeightsDigest()
     missing = []
     for name, dtype in received.items():
-        held = _held(model, tensors, name)
+        held = _held(model, tensors, name, size)
         if held is None:
             missing.append(name)
         else:
-            digest.update(name, held.to(dtype))
+            digest.update(name, held if size > 1 else held.to(dtype))
     if missing:
         logger.warning(
             "simulated weight sync (rollout): the model holds no tensor for %s", ", ".join(missing)
         )
-    logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
+    if size == 1:
+        logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
+        return
+    sharded, _sharded = _sharded, _Shards()
+    who = f"rollout tp rank {rank}/{size}"
+    logger.info(LINE, f"{who} received", sharded.full.count, sharded.full.hexdigest())
+    logger.info(LINE, f"{who} expected", sharded.expected.count, sharded.expected.hexdigest())
+    logger.info(LINE, f"{who} holds", digest.count, digest.hexdigest())
 
 
-def _held(model: Any, tensors: dict[str, Any], name: str) -> Any:
-    """The tensor ``model`` holds for the loader's ``name``: its own, or its rows of a packed one."""
+def _held(model: Any, tensors: dict[str, Any], name: str, tp_size: int = 1) -> Any:
+    """The tensor ``model`` holds for the loader's ``name``: its own, or its rows of a packed one (each part's
+    rows a rank holds: the layer's ``output_sizes`` over the tensor parallel size)."""
+    found = _packed(model, tensors, name)
+    if found is None:
+        return tensors.get(name)
+    packed_name, index, sizes = found
+    sizes = [size // tp_size for size in sizes]
+    return tensors[packed_name].narrow(0, sum(sizes[:index]), sizes[index])
+
+
+def _packed(model: Any, tensors: dict[str, Any], name: str) -> tuple[str, int, list[int]] | None:
+    """Where the model packs the loader's ``name``: the packed tensor's name, the part's index and the layer's
+    ``output_sizes``; None for a name the model holds as it is (or packs in a layer without them)."""
     if name in tensors:
-        return tensors[name]
+        return None
     for packed, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
         for index, part in enumerate(parts):
             packed_name = f".{name}".replace(f".{part}.", f".{packed}.", 1)[1:]
@@ -177,5 +229,56 @@ def _held(model: Any, tensors: dict[str, Any], name: str) -> Any:
             sizes = getattr(model.get_submodule(packed_name.rpartition(".")[0]), "output_sizes", None)
             if sizes is None or len(sizes) != len(parts):
                 return None
-            return tensors[packed_name].narrow(0, sum(sizes[:index]), sizes[index])
+            return packed_name, index, list(sizes)
     return None
+
+
+def _slice(model: Any, name: str, full: Any) -> Any:
+    """This rank's slice of the ``full`` tensor sent as ``name``, in the dtype the model holds it in, cut as
+    the vLLM layer that holds it partitions it (module docstring); None where the model holds no such name."""
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        RowParallelLinear,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    found = _packed(model, tensors, name)
+    held_name, index = (found[0], found[1]) if found else (name, 0)
+    if held_name not in tensors:
+        return None
+    layer_name, _, leaf = held_name.rpartition(".")
+    layer = model.get_submodule(layer_name) if layer_name else model
+    dtype = tensors[held_name].dtype
+    rank, size = _tp()
+    # a layer of a group of its own (vllm-ascend's o_proj or lm_head TP) states its own rank and size
+    rank, size = getattr(layer, "tp_rank", rank), getattr(layer, "tp_size", size)
+    if isinstance(layer, VocabParallelEmbedding):
+        shard = layer.shard_indices
+        rows = full.narrow(
+            0, shard.org_vocab_start_index, shard.org_vocab_end_index - shard.org_vocab_start_index
+        )
+        padded = full.new_zeros((layer.num_embeddings_per_partition, *full.shape[1:]))
+        padded[: rows.shape[0]] = rows
+        return padded.to(dtype)
+    if isinstance(layer, RowParallelLinear):
+        width = layer.input_size_per_partition
+        return (full.narrow(1, rank * width, width) if leaf == "weight" else full).to(dtype)
+    if isinstance(layer, QKVParallelLinear):
+        heads, head_size = (
+            (layer.num_heads, layer.head_size) if index == 0
+            else (layer.num_kv_heads, layer.v_head_size if index == 2 else layer.head_size)
+        )  # fmt: skip
+        shard_rank = rank if index == 0 else rank // layer.num_kv_head_replicas
+        rows = heads * head_size
+        return full.narrow(0, shard_rank * rows, rows).to(dtype)
+    if isinstance(layer, MergedColumnParallelLinear):
+        rows = layer.output_sizes[index] // size
+        return full.narrow(0, rank * rows, rows).to(dtype)
+    if isinstance(layer, ColumnParallelLinear):
+        rows = layer.output_size_per_partition
+        return full.narrow(0, rank * rows, rows).to(dtype)
+    return full.to(dtype)

@@ -358,6 +358,8 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     out = tmp_path / "compat-auto"
     errors = re.findall(r"Error in Trainer:\n(?:.*\n)*?.*?(\w+Error: .*)", scenario._driver_log(out))
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
+    if not REL_052:  # the release's HCCL engine, observed (npu_compat.testing._weight_sync_digests)
+        _shards_fresh(out, syncs=3, ranks=2)
 
 
 @on_the_real_vllm_ascend()
@@ -429,6 +431,23 @@ def _syncs_fresh(out: Path) -> None:
     assert len({sync["sent"] for sync in syncs}) == 3, syncs  # each train step changed the weights
     storages = _STORAGES.findall(scenario._driver_log(out))
     assert len(storages) == 3 and all(kept == of for kept, of in storages), storages
+
+
+def _shards_fresh(out: Path, syncs: int, ranks: int) -> None:
+    """``syncs`` syncs over the release's HCCL engine to a rollout of tensor parallel ``ranks``: at each, every
+    rank received the full tensors the trainer sent and holds exactly its slice of them (its ``expected``, cut
+    as vLLM's layers partition them), and the ranks hold different slices."""
+    sent = scenario.trainer_sent(out)
+    assert len(sent) == syncs and len(set(sent)) == syncs, sent
+    loads = scenario.converted_loads(out)
+    assert len(loads) == syncs * ranks, loads
+    for i, digest in enumerate(sent):
+        this_sync = [load for load in loads if load["update"] == str(i)]
+        assert sorted(load["rank"] for load in this_sync) == [str(r) for r in range(ranks)], this_sync
+        assert all(load["received"] == digest and load["holds"] == load["expected"] for load in this_sync), (
+            this_sync
+        )
+        assert len({load["holds"] for load in this_sync}) == ranks, this_sync
 
 
 @on_the_real_vllm_ascend()
