@@ -349,6 +349,7 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     stand-in: Trinity's ``vLLMRolloutModel`` builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
     to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2.  On 0.6.0
+    (the release's HCCL engine) each rank holds exactly its slice of what the trainer sent, by the digests.  On 0.6.0
     vLLM's multiprocess workers in the rollout actor see the actor's NPUs because npu-compat has Ray list them
     ascending (``ray.npu.visible_devices_ascending``, field failure F9: Ray gave ``2,1``)."""
     _result, text = _real_run_to_the_end(
