@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from .. import _env
 from ._host import simulation_env
 
 
@@ -73,9 +74,18 @@ def _cluster(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: The simulation's own choices: printed whether or not this shell has them already, so that the lines alone
+#: make the same simulation where they are sourced (a later CI step, through ``$GITHUB_ENV``).  Without
+#: ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real`` there, the real vllm-ascend's path would come without what the
+#: simulation puts below it.
+_CHOICES = (_env.SIMULATE, _env.SIMULATE_DEVICES, _env.SIMULATE_VLLM_PLATFORM, _env.SIMULATE_VLLM_ASCEND)
+
+
 def _env_command(args: argparse.Namespace) -> int:
     env = simulation_env(args.devices, vllm_platform=False if args.no_vllm_platform else None)
-    changed = {name: value for name, value in env.items() if os.environ.get(name) != value}
+    changed = {
+        name: value for name, value in env.items() if os.environ.get(name) != value or name in _CHOICES
+    }
     sys.stdout.write(_dotenv(changed) if args.dotenv else _exports(changed))
     return 0
 

@@ -276,6 +276,17 @@ def test_the_env_command_prints_the_simulation_for_a_shell_and_for_a_dotenv_file
     assert shell.splitlines() == [f"export {k}={shlex.quote(v)}" for k, v in pairs.items()]
 
 
+def test_the_env_command_prints_the_simulations_choices_this_shell_has_already() -> None:
+    """Sourced elsewhere (a later CI step), the lines alone make the same simulation: the choices are printed
+    though this shell has them, the other variables only where they change."""
+    env = clean_env({"NPU_COMPAT_SIMULATE": "1", "NPU_COMPAT_SIMULATE_VLLM_ASCEND": "stand-in"})
+    dotenv = subprocess.run([sys.executable, "-m", "npu_compat.testing", "env", "--devices", "2", "--dotenv"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    pairs = dict(line.split("=", 1) for line in dotenv.splitlines())
+    assert pairs["NPU_COMPAT_SIMULATE"] == "1" and pairs["NPU_COMPAT_SIMULATE_VLLM_ASCEND"] == "stand-in"
+    assert "HOME" not in pairs
+
+
 def test_the_cluster_command_refuses_a_shape_without_nodes() -> None:
     proc = subprocess.run([sys.executable, "-m", "npu_compat.testing", "cluster", "--nodes", "0"],
                           env=clean_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
