@@ -128,9 +128,10 @@ def _receiving(receive: Callable[..., Any], self: Any, update_info: Any, load_we
         weights = list(weights)
         _received.update((name, tensor.dtype) for name, tensor in weights)
         if model is not None and _tp()[1] > 1:
+            tensors = _named_tensors(model)
             for name, tensor in weights:
                 _sharded.full.update(name, tensor)
-                expected = _slice(model, name, tensor)
+                expected = _slice(model, tensors, name, tensor)
                 if expected is not None:
                     _sharded.expected.update(name, expected)
         return load_weights(weights)
@@ -181,8 +182,7 @@ def _log_held(model: Any, received: dict[str, Any]) -> None:
     tensor parallelism the rank's ``received``, ``expected`` and ``holds`` (its slices, in its dtype)."""
     global _sharded
     rank, size = _tp()
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
+    tensors = _named_tensors(model)
     digest = WeightsDigest()
     missing = []
     for name, dtype in received.items():
@@ -233,7 +233,14 @@ def _packed(model: Any, tensors: dict[str, Any], name: str) -> tuple[str, int, l
     return None
 
 
-def _slice(model: Any, name: str, full: Any) -> Any:
+def _named_tensors(model: Any) -> dict[str, Any]:
+    """Every parameter and buffer of ``model`` by name, tied ones under each of their names."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    return tensors
+
+
+def _slice(model: Any, tensors: dict[str, Any], name: str, full: Any) -> Any:
     """This rank's slice of the ``full`` tensor sent as ``name``, in the dtype the model holds it in, cut as
     the vLLM layer that holds it partitions it (module docstring); None where the model holds no such name."""
     from vllm.model_executor.layers.linear import (
@@ -244,8 +251,6 @@ def _slice(model: Any, name: str, full: Any) -> Any:
     )
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
     found = _packed(model, tensors, name)
     held_name, index = (found[0], found[1]) if found else (name, 0)
     if held_name not in tensors:
