@@ -922,9 +922,11 @@ def install() -> None:
                 sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
             for name, value in paired_torch_defaults().items():
                 os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
-            from . import _weight_sync_digests
+            from . import _lora_digests, _requests_served, _weight_sync_digests
 
             _weight_sync_digests.install()  # an HCCL sync's digests, as the stand-in logs them
+            _requests_served.install()  # each runner's requests, as the stand-in counts them
+            _lora_digests.install()  # each LoRA adapter's digests, as the stand-in logs them
     torch._register_device_module("npu", npu)
     torch.version.cann = cann_version()  # as torch_npu's import sets it
     if NATIVE is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ def real_run_proc(code: str, timeout: float = 300, devices: int = 1, **extra: st
 
 def real_run(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend; what it printed last, as JSON."""
-    proc = real_run_proc(code, timeout, devices, **extra)
+    return last_result(real_run_proc(code, timeout, devices, **extra))
+
+
+def last_result(proc: Any) -> Any:
+    """What a run's code printed last, as JSON."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # vLLM logs after it
     assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(lines[-1])
@@ -280,8 +285,9 @@ TRINITYS_TP2_EXECUTOR = "mp" if RELEASE == "0.23.0.post1" else "ray"
 )
 def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
     """``GENERATE`` on vLLM's multiprocess executor: one worker per simulated NPU, the TP group on the
-    simulated hccl."""
-    seen = real_run(
+    simulated hccl.  Each rank's runner counts the requests it took (``npu_compat.testing._requests_served``),
+    as the stand-in's did: what a whole run's tests read to know every engine and rank generated."""
+    proc = real_run_proc(
         GENERATE,
         timeout=900,
         devices=tp,
@@ -290,7 +296,17 @@ def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
         VLLM_PORT=str(free_port()),
     )
-    assert_generated(seen, tp)
+    assert_generated(last_result(proc), tp)
+    served = re.findall(
+        r"NPUModelRunner on npu:(\d+) served (\d+) requests \(tensor parallel rank (\d+) of (\d+)\)",
+        proc.stdout + proc.stderr,
+    )
+    most: dict[tuple[str, str, str], int] = {}
+    for device, count, rank, size in served:
+        most[device, rank, size] = max(most.get((device, rank, size), 0), int(count))
+    # every rank took every request (GENERATE's prompts, at least one power of two of them), on its own device
+    assert sorted(most) == [(str(r), str(r), str(tp)) for r in range(tp)], served
+    assert len(set(most.values())) == 1 and min(most.values()) >= 2, served
 
 
 @needs_backend
@@ -742,7 +758,11 @@ def main():
     # one batch: each prompt with and without the adapter (a token whose LoRA index is -1 takes none)
     outputs = llm.generate(requests * 2, greedy, lora_request=[lora] * 3 + [None] * 3, use_tqdm=False)
     tokens = [list(r.outputs[0].token_ids) for r in outputs]
-    print(json.dumps({"lora": tokens[:3], "base": tokens[3:], "ref_lora": ref_lora, "ref_base": ref_base}))
+    from safetensors.torch import load_file
+    from npu_compat.testing._digest import digest_of
+    on_disk = digest_of(load_file(os.path.join(adapter, "adapter_model.safetensors")).items())
+    print(json.dumps({"lora": tokens[:3], "base": tokens[3:], "ref_lora": ref_lora, "ref_base": ref_base,
+                      "adapter": adapter, "on_disk": on_disk}))
 
 if __name__ == "__main__":
     main()
@@ -755,11 +775,25 @@ if __name__ == "__main__":
 def test_lora_on_the_real_punica_wrapper_generates_what_peft_generates() -> None:
     """vllm-ascend's ``PunicaWrapperNPU`` runs the adapter through ``torch.ops._C_ascend``'s ``sgmv_*`` (prefill)
     and ``bgmv_*`` (decode) kernels: with the adapter the engine generates PEFT's greedy tokens, without it (in
-    the same batch) the base model's, and the adapter changes them."""
-    seen = real_run(
+    the same batch) the base model's, and the adapter changes them.  vLLM's loader read the adapter file as it
+    is on disk, and holds it in bfloat16 (``npu_compat.testing._lora_digests``: the lines the stand-in logged)."""
+    proc = real_run_proc(
         LORA, timeout=900, VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_PORT=str(free_port()),
     )  # fmt: skip
+    seen = last_result(proc)
     print(json.dumps(seen))
     assert seen["ref_lora"] != seen["ref_base"]  # the adapter matters: a check that can fail
     assert seen["lora"] == seen["ref_lora"]
     assert seen["base"] == seen["ref_base"]
+    text = proc.stdout + proc.stderr
+    loaded = re.findall(
+        r"simulated Ascend: LoRA 1 \(tiny-lora\) loaded from (\S+): r=8, scaling 2, (\d+) modules", text
+    )
+    assert loaded == [(seen["adapter"], "7")], loaded  # q k v o gate up down
+    sides = dict(
+        re.findall(r"simulated weight sync \(rollout lora 1 (\w+)\): (\d+ tensors, sha256 \w+)", text)
+    )
+    # PEFT saved the adapter in float32; vLLM holds it in the model's bfloat16
+    assert sides["loaded"] == seen["on_disk"] and sides["holds"] == sides["expected"] != sides["loaded"], (
+        sides
+    )

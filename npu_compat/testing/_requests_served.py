@@ -1,0 +1,74 @@
+"""How many requests each released ``NPUModelRunner`` took, logged as the stand-in's runner logs it.
+
+A whole run's tests check that every rollout engine, and every tensor-parallel rank of it, generated: the
+stand-in runner counts the new requests it is scheduled and logs ``simulated Ascend: NPUModelRunner on npu:N
+served K requests (tensor parallel rank R of T)`` when its worker shuts down.  The released vllm-ascend logs
+nothing of the kind, and its workers are not always shut down before a run ends (vLLM 0.18's Ray executor
+kills them).  So in a process that runs the released package (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``) this
+module counts the new requests of each ``NPUModelRunner._update_states`` (the scheduler's
+``scheduled_new_reqs``, what the runner adds to its input batch) and logs the same line each time the count
+reaches a power of two: 1, 2, 4, ... -- a few lines per engine however long the run, the last a lower bound
+of its total.  A reader takes the largest count per process and rank.  It reads, and changes nothing the
+runner does; only on the simulated host.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ._when_imported import WhenImported
+
+RUNNER = "vllm_ascend.worker.model_runner_v1"
+
+#: the stand-in runner's line at shutdown
+LINE = "simulated Ascend: NPUModelRunner on %s served %d requests (tensor parallel rank %d of %d)"
+#: vLLM's namespace: its handler prints INFO in every process that imported vLLM
+logger = logging.getLogger("vllm.npu_compat.requests_served")
+
+
+def install() -> None:
+    """Count this process's runners' requests: now if the runner's module is imported, else when it is."""
+    WhenImported(RUNNER, _observe).install()
+
+
+def _observe(module: ModuleType) -> None:
+    runner = module.NPUModelRunner
+    update = runner._update_states
+    if getattr(update, "_npu_compat_observed", False):
+        return
+    runner._update_states = _counted(update)
+
+
+def _counted(update: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(update)
+    def _update_states(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        new = len(getattr(scheduler_output, "scheduled_new_reqs", ()) or ())
+        if new:
+            before = getattr(self, "_npu_compat_requests_served", 0)
+            served = before + new
+            self._npu_compat_requests_served = served
+            if served.bit_length() > before.bit_length():  # a power of two reached or passed
+                rank, size = _tensor_parallel()
+                device = getattr(self, "device", "npu")
+                logger.info(LINE, device, served, rank, size)
+        return update(self, scheduler_output, *args, **kwargs)
+
+    _update_states._npu_compat_observed = True  # type: ignore[attr-defined]
+    return _update_states
+
+
+def _tensor_parallel() -> tuple[int, int]:
+    """This process's tensor-parallel rank and size, (0, 1) where vLLM's groups are not set up."""
+    try:
+        from vllm.distributed import parallel_state
+
+        return (
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+        )
+    except Exception:  # noqa: BLE001 -- a runner outside vLLM's groups (a unit test's) is one rank of one
+        return 0, 1
