@@ -130,16 +130,14 @@ def comm_init_root_info(ranks: int, root_info: int, rank: int, comm: int) -> int
         return E_PARA
     where = json.loads(raw[len(_MAGIC) :].rstrip(b"\0"))
     bound = connect_timeout_s()
-    store = _served.get(where["nonce"])
-    if store is None:
-        try:
-            store = dist.TCPStore(
-                where["host"], where["port"], is_master=False, timeout=timedelta(seconds=bound)
-            )
-        except (RuntimeError, OSError) as exc:
-            root = f"{where['host']}:{where['port']}"
-            _log(f"HcclCommInitRootInfo: rank {rank} cannot reach the root at {root}: {exc}")
-            return E_TCP_CONNECT
+    # each rank its own connection, also the root's and ranks in threads of one process: a store client runs
+    # one request at a time, so ranks sharing one would wait on each other's blocking waits for good
+    try:
+        store = dist.TCPStore(where["host"], where["port"], is_master=False, timeout=timedelta(seconds=bound))
+    except (RuntimeError, OSError) as exc:
+        root = f"{where['host']}:{where['port']}"
+        _log(f"HcclCommInitRootInfo: rank {rank} cannot reach the root at {root}: {exc}")
+        return E_TCP_CONNECT
     store = dist.PrefixStore(f"hccl/{where['nonce']}/", store)
     if store.add(f"claim/{rank}", 1) > 1:
         _log(f"HcclCommInitRootInfo: rank {rank} of {ranks} joined twice")

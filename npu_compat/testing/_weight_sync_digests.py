@@ -14,7 +14,8 @@ so that they show among the process's own:
   ``NPUWorker.finish_weight_update`` runs (every layer's tensors are then back in place), each in the dtype
   it arrived in.  A name the model holds packed (vLLM's ``packed_modules_mapping``: ``q_proj`` in
   ``qkv_proj``, ``gate_proj`` in ``gate_up_proj``) is read as its rows of the packed tensor, by the layer's
-  ``output_sizes``.
+  ``output_sizes``; a vocabulary padded to a multiple of 64 rows (vLLM's ``VocabParallelEmbedding``) is
+  read as the rows that were loaded.
 
 Equal lines mean the rollout's model holds, byte for byte, what the trainer sent.  With them the rollout
 side logs ``simulated weight sync (rollout storages)``: how many parameters and buffers are at the device
@@ -190,7 +191,7 @@ def _log_held(model: Any, received: dict[str, Any]) -> None:
         if held is None:
             missing.append(name)
         else:
-            digest.update(name, held if size > 1 else held.to(dtype))
+            digest.update(name, held if size > 1 else _unpadded(model, name, held).to(dtype))
     if missing:
         logger.warning(
             "simulated weight sync (rollout): the model holds no tensor for %s", ", ".join(missing)
@@ -214,6 +215,23 @@ def _held(model: Any, tensors: dict[str, Any], name: str, tp_size: int = 1) -> A
     packed_name, index, sizes = found
     sizes = [size // tp_size for size in sizes]
     return tensors[packed_name].narrow(0, sum(sizes[:index]), sizes[index])
+
+
+def _unpadded(model: Any, name: str, held: Any) -> Any:
+    """At tensor parallel size 1, the rows of ``held`` that were loaded: a ``VocabParallelEmbedding`` (the
+    embedding, the LM head) pads its vocabulary to a multiple of 64 rows, which its loader fills with
+    zeros."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    layer_name = name.rpartition(".")[0]
+    try:
+        layer = model.get_submodule(layer_name) if layer_name else model
+    except AttributeError:
+        return held
+    if not isinstance(layer, VocabParallelEmbedding):
+        return held
+    shard = layer.shard_indices
+    return held.narrow(0, 0, shard.org_vocab_end_index - shard.org_vocab_start_index)
 
 
 def _packed(model: Any, tensors: dict[str, Any], name: str) -> tuple[str, int, list[int]] | None:

@@ -387,22 +387,34 @@ def init_info(port: int, world_size: int) -> Any:
 
 
 def receive_checkpoint(engine: Any, directory: str) -> dict[str, Any]:
-    """Run one checkpoint sync on ``engine`` (rank 0 reads ``directory``); what ``load_weights`` got."""
+    """Run one checkpoint sync on ``engine`` (rank 0 reads ``directory``); what ``load_weights`` got, on the
+    host, and the devices it got it on."""
     from trinity.common.models.vllm_extension import CheckpointWeightTransferUpdateInfo
 
-    from npu_compat.testing._boundary import npu_on_host
-
     loaded: dict[str, Any] = {}
-    with npu_on_host() as requests:
-        engine.receive_weights(
-            CheckpointWeightTransferUpdateInfo(checkpoint_path=directory),
-            load_weights=lambda weights: loaded.update({name: t.clone() for name, t in weights}),
-        )
-    return {"loaded": loaded, "npu_requests": sorted(set(requests))}
+    devices: set[str] = set()
+
+    def load_weights(weights: Any) -> None:
+        for name, tensor in weights:
+            devices.add(str(tensor.device))
+            loaded[name] = tensor.cpu()
+
+    engine.receive_weights(CheckpointWeightTransferUpdateInfo(checkpoint_path=directory), load_weights)
+    return {"loaded": loaded, "devices": sorted(devices)}
+
+
+def _rank_device(rank: int) -> None:
+    """This thread's current device, as a vLLM worker of local rank ``rank`` sets it (``npu:rank``; the
+    device index is per thread, as CUDA's)."""
+    import torch
+
+    if hasattr(torch, "npu") and torch.npu.is_available():
+        torch.npu.set_device(rank)
 
 
 def _two_ranks(work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
-    """Run ``work(rank)`` for ranks 0 and 1 in two threads (a TP-2 pair of vLLM workers).
+    """Run ``work(rank)`` for ranks 0 and 1 in two threads (a TP-2 pair of vLLM workers), each on its own
+    device.
 
     Each rank's result is kept until both are done: it holds the rank's group, and rank 0's
     group hosts the store rank 1 still reads from.
@@ -411,6 +423,7 @@ def _two_ranks(work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
 
     def run(i: int) -> None:
         try:
+            _rank_device(i)
             boxes[i]["result"] = work(i)
         except BaseException as exc:  # noqa: BLE001 - carried to the caller
             boxes[i]["error"] = exc
@@ -440,7 +453,8 @@ def probe_A13() -> dict[str, Any]:
         engine = checkpoint_engine(rank, 2)
         engine.init_transfer_engine(init_info(port, 2))
         group = engine.model_update_group
-        total = group.all_reduce(torch.ones(2) * (rank + 1))
+        ones = torch.ones(2, device=torch.accelerator.current_accelerator())
+        total = group.all_reduce(ones * (rank + 1))
         return {"group": type(group).__name__, "sum": None if total is None else total.tolist()}, engine
 
     ranks = [result for result, _engine in _two_ranks(join)]
@@ -478,7 +492,10 @@ def probe_A14() -> dict[str, Any]:
             torch.equal(got["loaded"][name], tensor) for name, tensor in expected.items()
         ):
             raise AssertionError(f"weights did not arrive intact: {sorted(got['loaded'])}")
-    return {"npu_requests": [got["npu_requests"] for got in ranks]}
+    devices = [got["devices"] for got in ranks]
+    if devices != [["npu:0"], ["npu:1"]]:  # each rank loads on its own device
+        raise AssertionError(f"the ranks loaded the weights on {devices}")
+    return {"devices": devices}
 
 
 # -- trinity-rft 0.6.0 on verl < 0.8 (trinity.trainer.verl_legacy) -------------------------------

@@ -45,10 +45,11 @@ TRAINER = (
     COMMON
     + """
 from trinity.utils.distributed import WeightTransferEngine
+torch.npu.set_device(0)  # the trainer's NPU; its weights are on it
 engine = WeightTransferEngine.create("vllm", "127.0.0.1", PORT, 2, "weight_sync")
 group = type(engine._model_update_group).__name__
-engine.sync_weight(iter(make_weights().items()))
-engine._model_update_group.all_reduce(torch.zeros(1))  # wait until the receiver has loaded them
+engine.sync_weight(iter({name: t.to("npu") for name, t in make_weights().items()}.items()))
+engine._model_update_group.all_reduce(torch.zeros(1, device="npu"))  # wait until the receiver has loaded them
 engine.teardown()
 print(json.dumps({"device": DEVICE, "group": group,
                   "patched": npu_compat.is_patched(__import__("trinity.utils.distributed",
@@ -63,6 +64,7 @@ import vllm_ascend
 from vllm.config import ParallelConfig, WeightTransferConfig
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 vllm_ascend.register_connector()            # vLLM runs vllm-ascend's general plugins in each worker
+torch.npu.set_device(1)                     # the rollout worker's NPU
 config = WeightTransferConfig(backend="nccl")  # what trinity's vLLMRolloutModel.prepare asks for
 engine = WeightTransferEngineFactory.create_engine(config, ParallelConfig(), None)
 engine.init_transfer_engine(engine.parse_init_info(
@@ -72,10 +74,13 @@ got = {}
 engine.receive_weights(
     engine.parse_update_info({"names": list(want), "dtype_names": [str(t.dtype).split(".")[-1] for t in want.values()],
                               "shapes": [list(t.shape) for t in want.values()], "packed": True}),
-    load_weights=lambda ws: got.update({n: t.clone() for n, t in ws}))
-engine.model_update_group.all_reduce(torch.zeros(1))
+    load_weights=lambda ws: got.update({n: t for n, t in ws}))
+engine.model_update_group.all_reduce(torch.zeros(1, device="npu"))
+devices = sorted({str(t.device) for t in got.values()})
+got = {n: t.cpu() for n, t in got.items()}
 intact = list(got) == list(want) and all(got[n].dtype == want[n].dtype and torch.equal(got[n], want[n]) for n in want)
-print(json.dumps({"device": DEVICE, "engine": type(engine).__name__, "intact": intact, "names": list(got)}))
+print(json.dumps({"device": DEVICE, "engine": type(engine).__name__, "intact": intact, "names": list(got),
+                  "devices": devices}))
 """
 )
 
@@ -101,6 +106,7 @@ def test_trainer_broadcast_arrives_intact_in_the_rollout_worker() -> None:
     assert out["rollout"]["engine"] == "HCCLWeightTransferEngine"
     assert out["rollout"]["intact"], out["rollout"]
     assert out["rollout"]["names"] == ["embed.weight", "lm_head.bias", "step"]
+    assert out["rollout"]["devices"] == ["npu:1"]  # received into the rollout's own NPU
 
 
 # -- checkpoint / memory sync (rows A13, A14): vLLM worker rank 0 reads, broadcasts to its peers --------
@@ -112,15 +118,16 @@ DEVICE = npu_compat.activate()
 import torch
 from tests.catalogue.probes import checkpoint_engine, checkpoint_weights, init_info, receive_checkpoint
 RANK, PORT, DIRECTORY = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.npu.set_device(RANK)            # each TP rank's worker on its own NPU
 engine = checkpoint_engine(RANK, 2)   # a TP-2 vLLM worker's engine, as vLLM's factory builds it
 engine.init_transfer_engine(init_info(PORT, 2))
 got = receive_checkpoint(engine, DIRECTORY)
 want = checkpoint_weights()
 intact = sorted(got["loaded"]) == sorted(want) and all(
     got["loaded"][n].dtype == want[n].dtype and torch.equal(got["loaded"][n], want[n]) for n in want)
-engine.model_update_group.all_reduce(torch.zeros(1))  # rank 0 keeps the group's store up until both loaded
+engine.model_update_group.all_reduce(torch.zeros(1, device="npu"))  # rank 0 keeps the store up until both loaded
 print(json.dumps({"device": DEVICE, "group": type(engine.model_update_group).__name__, "intact": intact,
-                  "npu_requests": got["npu_requests"],
+                  "devices": got["devices"],
                   "patches": {r["id"]: r["status"] for r in npu_compat.report() if "vllm_extension" in r["id"]}}))
 """
 
@@ -155,8 +162,8 @@ def test_checkpoint_sync_reaches_every_rollout_rank(tmp_path: Any) -> None:
         ],
         "applied",
     )
-    for rank in out:
+    for i, rank in enumerate(out):
         assert rank["device"] == "npu" and rank["group"] == "PyHcclCommunicator", rank
         assert rank["intact"], rank
-        assert rank["npu_requests"] == ["npu"], rank  # rank 0 moves to npu, rank 1 receives into npu
+        assert rank["devices"] == [f"npu:{i}"], rank  # rank 0 moves to its npu, rank 1 receives into its own
         assert rank["patches"] == applied, rank

@@ -10,12 +10,19 @@ import pytest
 
 from npu_compat.testing import simulation_env
 from npu_compat.testing._npu_backend import missing_tools
-from tests.conftest import SIM_PATH, clean_env, free_port, last_json, run_py
+from npu_compat.testing._sites import sites
+from tests.conftest import clean_env, free_port, last_json, run_py
 
 MISSING = missing_tools()
 
 #: Skips a test of npu compute where the backend cannot be built, naming what is missing.
 needs_backend = pytest.mark.skipif(MISSING is not None, reason=f"the simulated npu backend needs {MISSING}")
+
+
+#: The variable that picks the vllm-ascend a simulated child runs
+STAND_IN_KEY = "NPU_COMPAT_SIMULATE_VLLM_ASCEND"
+#: npu-compat's stand-in vllm-ascend, for the tests of the stand-in itself
+STAND_IN = {STAND_IN_KEY: "stand-in"}
 
 
 def sim_env(devices: int = 2, **extra: str) -> dict[str, str]:
@@ -25,16 +32,23 @@ def sim_env(devices: int = 2, **extra: str) -> dict[str, str]:
     return env
 
 
+def sim_path(env: dict[str, str]) -> list[str]:
+    """The directories a child with ``env``'s choices puts first on its path (``_sites.sites``)."""
+    return [str(p) for p in sites(env)]
+
+
 def child_env(devices: int = 2, **extra: str) -> dict[str, str]:
-    """A whole environment for a ``subprocess.Popen`` child: the simulation, stand-ins on PYTHONPATH."""
-    return clean_env(sim_env(devices, **extra), SIM_PATH)
+    """A whole environment for a ``subprocess.Popen`` child: the simulation, its sites on PYTHONPATH."""
+    env = sim_env(devices, **extra)
+    return clean_env(env, sim_path(env))
 
 
 def sim_run(
     code: str, timeout: float = 240, devices: int = 2, check: bool = True, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` on a simulated Ascend (``run_py``: with ``check``, a failed child fails the test)."""
-    return run_py(code, env=sim_env(devices, **extra), pythonpath=SIM_PATH, timeout=timeout, check=check)
+    env = sim_env(devices, **extra)
+    return run_py(code, env=env, pythonpath=sim_path(env), timeout=timeout, check=check)
 
 
 def sim_json(code: str, timeout: float = 240, devices: int = 2, **extra: str) -> Any:
@@ -74,8 +88,8 @@ def engine_failure(output: str) -> str:
 
 
 def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
-    """Run a script that drives vLLM's engine on a simulated Ascend (the stand-in ``vllm_ascend``, NZ
-    off, and ``extra``).  A failure names its root cause first; one retry, said so, only where a port
+    """Run a script that drives vLLM's engine on a simulated Ascend (npu-compat's stand-in ``vllm_ascend``
+    unless ``extra`` chooses, NZ off, and ``extra``): the stand-in's own engine tests.  A failure names its root cause first; one retry, said so, only where a port
     vLLM picked was taken before it bound it."""
     for attempt in (1, 2):
         # spawn: vLLM forks its engine core and workers by default (it forces spawn only in a Ray actor,
@@ -90,9 +104,9 @@ def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess
             VLLM_WORKER_MULTIPROC_METHOD="spawn",
             PYTHONFAULTHANDLER="1",
             VLLM_PORT=str(free_port()),
-            **extra,
+            **{STAND_IN_KEY: "stand-in", **extra},
         )
-        proc = run_py(code, env=env, pythonpath=SIM_PATH, timeout=timeout, check=False)
+        proc = run_py(code, env=env, pythonpath=sim_path(env), timeout=timeout, check=False)
         if proc.returncode == 0:
             return proc
         output = proc.stdout + proc.stderr

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 from npu_compat.testing import simulation_env
-from tests.conftest import REPO, SIM_PATH, free_port, last_json, run_py
-from tests.sim.npu_backend import child_env, sim_env, sim_json
+from tests.conftest import REPO, free_port, last_json, run_py
+from tests.sim.npu_backend import STAND_IN, child_env, sim_env, sim_json, sim_path
 
 try:
     VLLM_VERSION: str | None = importlib.metadata.version("vllm")
@@ -196,7 +196,7 @@ def run_ranks(scripts: list[str], timeout: float = 180, **extra: str) -> list[An
 
     The first rank to fail stops the others, and the assertion shows every rank's output.
     """
-    env = child_env(**extra)
+    env = child_env(**{**STAND_IN, **extra})
     logs = [tempfile.TemporaryFile(mode="w+") for _ in scripts]
     procs = [
         subprocess.Popen([sys.executable, "-c", script], env=env, cwd=str(REPO), stdout=log,
@@ -287,7 +287,7 @@ print(json.dumps({"version": vllm_ascend.__version__, "checked": len(RECORD), "p
 
 def test_stand_ins_have_the_real_releases_signatures() -> None:
     """The stand-ins mirror vllm-ascend 0.23.0.post1 (vLLM >= 0.23) or 0.18.0 (older vLLM)."""
-    out = sim_json(f"RECORD = {RECORD!r}\n" + SIGNATURE_CHECK, timeout=180)
+    out = sim_json(f"RECORD = {RECORD!r}\n" + SIGNATURE_CHECK, timeout=180, **STAND_IN)
     assert out["version"] == FLAVOUR
     assert out["checked"] == len(RECORD)
     assert out["problems"] == []
@@ -350,7 +350,7 @@ WHEEL_PLUGINS = sorted(
 # by hand, for CI's time: every stand-in whole run in CI imports the stand-ins so (the user's, tests/user)
 @pytest.mark.beyond_ci
 def test_stand_ins_import_under_the_simulation_installed_as_the_real_wheel() -> None:
-    out = sim_json(IMPORTS, timeout=180)
+    out = sim_json(IMPORTS, timeout=180, **STAND_IN)
     assert out["version"] == FLAVOUR and out["simulated"] is True
     assert out["register"] == "vllm_ascend.platform.NPUPlatform"
     # Installed as far as importlib.metadata can tell: one vllm-ascend of the flavour, the wheel's plugins
@@ -453,7 +453,8 @@ def test_npu_worker_does_the_bookkeeping_and_builds_the_model_runner() -> None:
     """Generation itself (load_model, execute_model, sleep): ``tests/sim/test_npu_model_runner.py``."""
     # vLLM's platform is the stand-in's, as the simulated vllm-ascend's plugin makes it (set_random_seed calls it)
     code = WORKER.replace("@PORT@", str(free_port()))
-    out: Any = last_json(run_py(code, env=sim_env(), pythonpath=SIM_PATH, timeout=180))
+    env = sim_env(**STAND_IN)
+    out: Any = last_json(run_py(code, env=env, pythonpath=sim_path(env), timeout=180))
     assert out["rank"] == [1, 1] and out["device"] is None
     assert out["cache_dtype"] == "torch.uint8"  # vLLM's STR_DTYPE_TO_TORCH_DTYPE["fp8"]
     # before init_device there is no model runner to load with
@@ -662,6 +663,7 @@ def test_pyhccl_is_disabled_for_a_single_rank() -> None:
                           "all_reduce": comm.all_reduce(t), "broadcast": comm.broadcast(t, src=0)}}))
         """,
         timeout=180,
+        **STAND_IN,
     )
     # as the real one: nothing set up, collectives return None, and no ``device`` attribute
     assert out == {
