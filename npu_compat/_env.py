@@ -93,12 +93,12 @@ SIMULATE_BUILD_DIR = "NPU_COMPAT_SIMULATE_BUILD_DIR"
 #: Default ``1``: the simulated host has vllm-ascend installed, as a real Ascend host does.
 SIMULATE_VLLM_PLATFORM = "NPU_COMPAT_SIMULATE_VLLM_PLATFORM"
 
-#: Which vllm-ascend Python a simulated process runs: ``stand-in`` (default: npu-compat's hand-written
-#: copy of its worker and model runner) or ``real`` (the released package's own Python, laid out by
-#: ``python -m npu_compat.testing vllm-ascend``).  The stand-in goes once the real one runs every shape.
+#: Which vllm-ascend Python a simulated process runs: ``real`` (default: the released package's own
+#: Python, laid out by ``python -m npu_compat.testing vllm-ascend``) or ``stand-in`` (npu-compat's
+#: hand-written copy of its worker and model runner, kept for comparison until it is deleted).
 SIMULATE_VLLM_ASCEND = "NPU_COMPAT_SIMULATE_VLLM_ASCEND"
 #: What ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` takes.
-VLLM_ASCEND_KINDS = ("stand-in", "real")
+VLLM_ASCEND_KINDS = ("real", "stand-in")
 
 #: ``0`` stops activation at interpreter start (the ``npu_compat.pth`` line and the
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
@@ -279,9 +279,7 @@ def value_problems(environ: "Mapping[str, str]") -> "list[str]":
                 problems.append(f"{name}={value!r}: {SIZE_HINT}")
         elif name == SIMULATE_VLLM_ASCEND:
             if value.strip() and value.strip() not in VLLM_ASCEND_KINDS:
-                problems.append(
-                    f"{name}={value!r} is none of {', '.join(VLLM_ASCEND_KINDS)}: taken as stand-in"
-                )
+                problems.append(f"{name}={value!r} is none of {', '.join(VLLM_ASCEND_KINDS)}: taken as real")
         elif name not in known:
             import difflib
 

@@ -4,9 +4,10 @@ Nothing here runs on a real NPU.  It makes a process -- and every child
 process that inherits its environment -- look like an Ascend host to npu-compat and to
 the upstream code:
 
-* ``torch_npu`` and vllm-ascend stand-ins, installed as far as ``importlib.metadata`` can tell
-  (versions and the real wheels' entry points: ``import torch`` auto-loads torch_npu, vLLM finds
-  the Ascend platform and runs vllm-ascend's general plugins; see ``_sites``);
+* a ``torch_npu`` stand-in and the released vllm-ascend's own Python (laid out by ``python -m
+  npu_compat.testing vllm-ascend``), installed as far as ``importlib.metadata`` can tell (versions
+  and the real wheels' entry points: ``import torch`` auto-loads torch_npu, vLLM finds the Ascend
+  platform and runs vllm-ascend's general plugins; see ``_sites``);
 * ``torch.npu``: PrivateUse1 renamed to ``npu`` (``torch.device("npu:0")`` parses) and the
   device functions upstream code calls, every call recorded; ``npu`` tensors in host memory
   that compute (a C++ backend compiled on first use; see ``_npu_backend``);

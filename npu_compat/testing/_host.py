@@ -50,8 +50,9 @@ def simulation_env(
     ``PYTHONPATH``.  ``vllm_platform=False`` leaves vllm-ascend's distribution out (vLLM then finds no
     platform plugin, as on a host without vllm-ascend); None keeps ``environ``'s setting (default on).
     ``vllm_ascend="real"`` runs the released vllm-ascend's own Python (laid out by ``python -m
-    npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's copy; None keeps ``environ``'s setting
-    (default the stand-in).  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
+    npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's older copy; None keeps ``environ``'s
+    setting (default the released package).  Pass it to ``subprocess``, ``ray start`` or a Ray
+    ``runtime_env``.
 
     As CANN's ``set_env.sh`` puts its compiler on ``PATH``, ``PATH`` starts with the simulated toolkit's (a
     ``bisheng`` that answers triton-ascend's probe and compiles nothing), and ``TRITON_INTERPRET=1`` runs

@@ -1,25 +1,26 @@
 """Where the simulated Ascend host's "installed" packages live, and which of them a process gets.
 
-A simulated process has two directories first on ``sys.path`` (and its children on ``PYTHONPATH``):
+A simulated process has these directories first on ``sys.path`` (and its children on ``PYTHONPATH``).
+By default (``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` unset or ``real``):
 
-* :data:`SIM_SITE` (``_sim_site``): the stand-ins' import packages (``torch_npu``, ``vllm_ascend``)
-  and torch_npu's distribution, whose ``torch.backends`` entry point makes ``import torch`` load it,
-  as the real wheel's does;
-* the vllm-ascend distribution (``_sim_dists/vllm-ascend-<version>``) of the release that the
-  installed vLLM pairs with -- 0.23.0.post1 from vLLM 0.23 on, 0.18.0 before -- declaring the real
-  wheel's entry points: ``vllm.platform_plugins: ascend`` (so vLLM's platform detection finds the
-  NPU platform, as on a real Ascend host) and its ``vllm.general_plugins`` (which vLLM runs in every
-  one of its processes).  Without vLLM there is none: the real vllm-ascend cannot be imported
-  without it either.
+* the released vllm-ascend that the installed vLLM pairs with -- 0.23.0.post1 from vLLM 0.23 on, 0.18.0
+  before -- laid out in this environment (:mod:`._vllm_ascend_release`: its own ``vllm_ascend`` package and
+  distribution, with the real wheel's entry points: ``vllm.platform_plugins: ascend``, so vLLM's platform
+  detection finds the NPU platform, and its ``vllm.general_plugins``, which vLLM runs in every one of its
+  processes);
+* :data:`SIM_SITE` (``_sim_site``): the stand-ins for what the release needs below its Python --
+  ``torch_npu`` (with its distribution, whose ``torch.backends`` entry point makes ``import torch`` load it,
+  as the real wheel's does) and ``acl`` (CANN's pyACL);
+* :data:`TORCHAIR_SITE` (``torchair``, which vllm-ascend 0.18.0 imports).
 
-With ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real`` the first directory is instead the released vllm-ascend
-laid out in this environment (:mod:`._vllm_ascend_release`: its own ``vllm_ascend`` package and
-distribution), then :data:`SIM_SITE`, whose ``torch_npu`` and ``acl`` (CANN's pyACL) stand in for what the
-release needs below its Python, then :data:`TORCHAIR_SITE` (``torchair``, which vllm-ascend 0.18.0 imports).
+Without vLLM there is only :data:`SIM_SITE`: the real vllm-ascend cannot be imported without it either.
+With ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=stand-in`` they are :data:`SIM_SITE`, whose ``vllm_ascend`` is then
+npu-compat's older hand-written copy of the release's worker and model runner, and that release's
+distribution (``_sim_dists/vllm-ascend-<version>``).
 
 ``importlib.metadata`` then sees ``torch_npu`` and ``vllm-ascend`` installed, each with its version.
 ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM=0`` (``simulation_env(vllm_platform=False)``) leaves the
-vllm-ascend distribution out: the stand-in stays importable, but vLLM finds no platform plugin --
+vllm-ascend distribution out: vLLM finds no platform plugin --
 vLLM on the simulated host as on a host without vllm-ascend installed.
 
 Decided from installed metadata and the environment only; nothing here imports vLLM or torch.
@@ -81,8 +82,9 @@ def paired_torch_defaults() -> dict[str, str]:
 
 
 def runs_real_vllm_ascend(environ: Mapping[str, str]) -> bool:
-    """True when ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` asks for the released package's own Python."""
-    return environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() == "real"
+    """True unless ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` asks for npu-compat's stand-in: the released
+    package's own Python is the default."""
+    return environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() != "stand-in"
 
 
 def sites(environ: Mapping[str, str]) -> list[Path]:
@@ -99,11 +101,11 @@ def sites(environ: Mapping[str, str]) -> list[Path]:
     release = vllm_ascend_release(vllm)
     if runs_real_vllm_ascend(environ):
         if not is_laid_out(release):
+            choice = environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() or "real, the default"
             raise RuntimeError(
-                f"{_env.SIMULATE_VLLM_ASCEND}=real: vllm-ascend {release} (the release vLLM {vllm} "
-                f"pairs with) is not laid out in this environment "
-                f"({layout_dir(release)}); "
-                f"run `python -m npu_compat.testing vllm-ascend` once"
+                f"the simulated host runs the released vllm-ascend ({_env.SIMULATE_VLLM_ASCEND}={choice}), "
+                f"and vllm-ascend {release} (the release vLLM {vllm} pairs with) is not laid out in this "
+                f"environment ({layout_dir(release)}): run `python -m npu_compat.testing vllm-ascend` once"
             )
         return [layout_dir(release), SIM_SITE, TORCHAIR_SITE]
     return [SIM_SITE, SIM_DISTS / f"vllm-ascend-{release}"]

@@ -8,6 +8,7 @@ what a user who ran ``pip install npu-compat`` next to their stack has: the docu
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,6 +50,9 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
          *_find_links(), "--index-strategy", "unsafe-best-match"],
         **run,
     )  # type: ignore[call-overload]  # fmt: skip
+    # the README's recipe: the released vllm-ascend that the simulated host runs, laid out from the registry
+    if importlib.util.find_spec("vllm") is not None:
+        subprocess.run([str(python), "-m", "npu_compat.testing", "vllm-ascend"], env=user_env(python), **run)  # type: ignore[call-overload]
     yield python
 
 

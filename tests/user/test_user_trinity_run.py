@@ -158,9 +158,10 @@ def test_a_users_own_config_runs_two_grpo_steps_to_exit_0(user_venv: Path, tmp_p
     sent, loaded = (re.findall(rf"simulated weight sync \({side}\): (\d+ tensors, sha256 \w+)", output)
                     for side in ("trainer sent", "rollout loaded"))  # fmt: skip
     assert len(sent) == 3 and sent == loaded, (sent, loaded)
-    # the rollout at Trinity's defaults: enforce_eager false runs eager and says so; bfloat16; a KV cache of
-    # 0.9 of the 64 GiB device less the weights
-    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in logs
+    # the rollout at Trinity's defaults on the released vllm-ascend: enforce_eager false captures ACL graphs
+    # (PIECEWISE, and FULL for decode); bfloat16; a KV cache of 0.9 of the 64 GiB device less the weights
+    assert "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%" in logs
+    assert "Capturing CUDA graphs (decode, FULL): 100%" in logs
     assert "dtype=torch.bfloat16" in logs
     kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", logs)
     assert kv and all(abs(float(gib) - 0.9 * 64) < 0.01 for gib in kv), kv
