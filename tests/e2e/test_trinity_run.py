@@ -333,8 +333,7 @@ def _real_run_to_the_end(
     assert (
         "vllm_ascend.model_loader.rfork" in text
     )  # the release registers its loaders; the stand-in has none
-    # the stand-in's own lines
-    assert "NPUModelRunner on npu:" not in text
+    # the stand-in's own line (the requests each runner served are logged on the real package too)
     assert "ACL graph capture and torch.compile are not simulated" not in text
     return result, text
 
