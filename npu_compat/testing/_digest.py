@@ -50,9 +50,15 @@ class WeightsDigest:
         return whole.hexdigest()[:16]
 
 
-def digest_of(pairs: Iterable[tuple[str, Any]]) -> str:
-    """``"<n> tensors, sha256 <digest>"`` of ``(name, tensor)`` pairs: the form :data:`LINE` logs."""
+def digest_pairs(pairs: Iterable[tuple[str, Any]]) -> WeightsDigest:
+    """The :class:`WeightsDigest` of ``(name, tensor)`` pairs."""
     digest = WeightsDigest()
     for name, tensor in pairs:
         digest.update(name, tensor)
+    return digest
+
+
+def digest_of(pairs: Iterable[tuple[str, Any]]) -> str:
+    """``"<n> tensors, sha256 <digest>"`` of ``(name, tensor)`` pairs: the form :data:`LINE` logs."""
+    digest = digest_pairs(pairs)
     return f"{digest.count} tensors, sha256 {digest.hexdigest()}"

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ._digest import LINE, WeightsDigest
+from ._digest import LINE, digest_pairs
 from ._when_imported import WhenImported
 
 WORKER = "vllm.lora.worker_manager"
@@ -105,20 +105,12 @@ def _log(request: Any, lora: Any, call: dict[str, Any]) -> None:
         ", ".join(sorted({m.rsplit(".", 1)[-1] for m in lora.loras})),
     )  # fmt: skip
     side = f"rollout lora {request.lora_int_id}"
+    holds = digest_pairs(held.items())
     if dtype is None or all(t.dtype == dtype for t in tensors.values()):
-        holds = _digest(held.items())
-        logger.info(LINE, f"{side} loaded", holds.count, holds.hexdigest())
+        logger.info(LINE, f"{side} loaded", holds.count, holds.hexdigest())  # held as read
         return
-    read = _digest(tensors.items())
-    expected = _digest((name, t.to(dtype)) for name, t in tensors.items())
-    holds = _digest(held.items())
+    read = digest_pairs(tensors.items())
+    expected = digest_pairs((name, t.to(dtype)) for name, t in tensors.items())
     logger.info(LINE, f"{side} loaded", read.count, read.hexdigest())
     logger.info(LINE, f"{side} expected", expected.count, expected.hexdigest())
     logger.info(LINE, f"{side} holds", holds.count, holds.hexdigest())
-
-
-def _digest(pairs: Any) -> WeightsDigest:
-    digest = WeightsDigest()
-    for name, tensor in pairs:
-        digest.update(name, tensor)
-    return digest
