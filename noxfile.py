@@ -109,7 +109,7 @@ def _install_stack(session: nox.Session, pins: str) -> None:
     session.install("--no-deps", "-r", f"npu_compat/stacks/{pins}", *_find_links(), *strategy)
     session.install("ninja==1.13.2")
     session.install("--no-deps", ".")
-    # The real vllm-ascend's Python, for NPU_COMPAT_SIMULATE_VLLM_ASCEND=real: what it imports beyond the
+    # The real vllm-ascend's Python, which the simulated host runs: what it imports beyond the
     # stack, and the release paired with the stack's vLLM, laid out from the registry (pinned by SHA-256).
     session.install("--no-deps", "-r", "npu_compat/stacks/ascend-host/vllm-ascend.txt")
     session.run_install("python", "-c", TORCHVISION_WITHOUT_ITS_OPERATORS)

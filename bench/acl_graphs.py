@@ -60,10 +60,10 @@ if __name__ == "__main__":
 """
 
 
-def run(eager: bool, rounds: int, vllm_ascend: str = "real", executor: str = "uni") -> dict[str, list[float]]:
-    """One engine in its own simulated-Ascend process, on ``vllm_ascend`` (``real`` or ``stand-in``), its
-    worker in the engine's process (``uni``) or one of its own (``mp``)."""
-    env = simulation_env(1, vllm_ascend=vllm_ascend)
+def run(eager: bool, rounds: int, executor: str = "uni") -> dict[str, list[float]]:
+    """One engine in its own simulated-Ascend process on the released vllm-ascend, its worker in the engine's
+    process (``uni``) or one of its own (``mp``)."""
+    env = simulation_env(1)
     env.update(
         BENCH_REPO=str(REPO), BENCH_EAGER="1" if eager else "0", BENCH_ROUNDS=str(rounds),
         BENCH_EXECUTOR=executor, VLLM_ASCEND_ENABLE_NZ="0", VLLM_WORKER_MULTIPROC_METHOD="spawn",
@@ -76,7 +76,7 @@ def run(eager: bool, rounds: int, vllm_ascend: str = "real", executor: str = "un
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
         mode = "eager" if eager else "graph"
-        raise SystemExit(f"the {mode} engine on the {vllm_ascend} vllm-ascend failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"the {mode} engine failed:\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 

@@ -93,12 +93,11 @@ SIMULATE_BUILD_DIR = "NPU_COMPAT_SIMULATE_BUILD_DIR"
 #: Default ``1``: the simulated host has vllm-ascend installed, as a real Ascend host does.
 SIMULATE_VLLM_PLATFORM = "NPU_COMPAT_SIMULATE_VLLM_PLATFORM"
 
-#: Which vllm-ascend Python a simulated process runs: ``real`` (default: the released package's own
-#: Python, laid out by ``python -m npu_compat.testing vllm-ascend``) or ``stand-in`` (npu-compat's
-#: hand-written copy of its worker and model runner, kept for comparison until it is deleted).
-SIMULATE_VLLM_ASCEND = "NPU_COMPAT_SIMULATE_VLLM_ASCEND"
-#: What ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` takes.
-VLLM_ASCEND_KINDS = ("real", "stand-in")
+#: Variables npu-compat no longer reads, each with what replaced it: ``doctor`` says so where one is set.
+RETIRED = {
+    "NPU_COMPAT_SIMULATE_VLLM_ASCEND": "the simulated host always runs the released vllm-ascend, laid out by "
+    "`python -m npu_compat.testing vllm-ascend`; npu-compat's stand-in copy of it was removed",
+}
 
 #: ``0`` stops activation at interpreter start (the ``npu_compat.pth`` line and the
 #: shipped ``sitecustomize``); ``activate()``, the launcher, the Ray worker setup hook
@@ -261,7 +260,7 @@ def value_problems(environ: "Mapping[str, str]") -> "list[str]":
     read (with the nearest one it does).  Empty when all is well; cheap, imports nothing.
     (``NPU_COMPAT_DEVICE`` is not among them: a wrong one stops the device decision itself.)"""
     problems: list[str] = []
-    known = {*_FLAGS, *_FREE, DEVICE, SIMULATE_DEVICES, SIMULATE_NPU_MEMORY, SIMULATE_VLLM_ASCEND}
+    known = {*_FLAGS, *_FREE, DEVICE, SIMULATE_DEVICES, SIMULATE_NPU_MEMORY}
     for name, value in environ.items():
         if not name.startswith(PREFIX):
             continue
@@ -277,9 +276,8 @@ def value_problems(environ: "Mapping[str, str]") -> "list[str]":
         elif name == SIMULATE_NPU_MEMORY:
             if value.strip() and parse_size(value) is None:
                 problems.append(f"{name}={value!r}: {SIZE_HINT}")
-        elif name == SIMULATE_VLLM_ASCEND:
-            if value.strip() and value.strip() not in VLLM_ASCEND_KINDS:
-                problems.append(f"{name}={value!r} is none of {', '.join(VLLM_ASCEND_KINDS)}: taken as real")
+        elif name in RETIRED:
+            problems.append(f"{name} is no longer read: it has no effect ({RETIRED[name]})")
         elif name not in known:
             import difflib
 

@@ -6,8 +6,7 @@ foreground, prints what a client needs once every node is alive (``export`` line
 read, e.g. ``$GITHUB_ENV``), and runs until Ctrl-C or SIGTERM, when it stops every process it
 started.  ``env`` prints the variables that make a process a simulated Ascend host.  ``vllm-ascend``
 lays out the released vllm-ascend paired with the installed vLLM (or ``--release``) in this environment,
-from the package registry: what a simulated process with vLLM runs (``NPU_COMPAT_SIMULATE_VLLM_ASCEND``, by
-default ``real``).
+from the package registry: what a simulated process with vLLM runs.
 """
 
 from __future__ import annotations
@@ -76,10 +75,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 #: The simulation's own choices: printed whether or not this shell has them already, so that the lines alone
-#: make the same simulation where they are sourced (a later CI step, through ``$GITHUB_ENV``).  Where this
-#: shell chose ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` already, a later step without the choice would put
-#: another vllm-ascend's path under the same lines.
-_CHOICES = (_env.SIMULATE, _env.SIMULATE_DEVICES, _env.SIMULATE_VLLM_PLATFORM, _env.SIMULATE_VLLM_ASCEND)
+#: make the same simulation where they are sourced (a later CI step, through ``$GITHUB_ENV``).
+_CHOICES = (_env.SIMULATE, _env.SIMULATE_DEVICES, _env.SIMULATE_VLLM_PLATFORM)
 
 
 def _env_command(args: argparse.Namespace) -> int:

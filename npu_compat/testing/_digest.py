@@ -1,8 +1,9 @@
 """The weights digest that both sides of a simulated weight sync log.
 
 A weight sync is proven by what each side holds, not by a number handed in: the trainer side
-of the simulated HCCL engine digests every ``(name, tensor)`` it broadcasts, and the rollout
-side digests the same names read back from its model *after* the update has been loaded.
+of vllm-ascend's HCCL engine digests every ``(name, tensor)`` it broadcasts, and the rollout
+side digests the same names read back from its model *after* the update has been loaded
+(:mod:`._weight_sync_digests` observes both).
 Equal digests mean the rollout's model holds, byte for byte, what the trainer sent.  Both are
 logged on one line of a fixed form (:data:`LINE`), which a test or a user's CI reads back from
 the processes' logs.

@@ -41,7 +41,6 @@ def simulation_env(
     environ: Mapping[str, str] | None = None,
     *,
     vllm_platform: bool | None = None,
-    vllm_ascend: str | None = None,
 ) -> dict[str, str]:
     """The environment variables that make a process, and its children, a simulated Ascend host.
 
@@ -49,10 +48,8 @@ def simulation_env(
     NPUs (unless ``ASCEND_RT_VISIBLE_DEVICES`` already names some), the stand-ins' directories first on
     ``PYTHONPATH``.  ``vllm_platform=False`` leaves vllm-ascend's distribution out (vLLM then finds no
     platform plugin, as on a host without vllm-ascend); None keeps ``environ``'s setting (default on).
-    ``vllm_ascend="real"`` runs the released vllm-ascend's own Python (laid out by ``python -m
-    npu_compat.testing vllm-ascend``), ``"stand-in"`` npu-compat's older copy; None keeps ``environ``'s
-    setting (default the released package).  Pass it to ``subprocess``, ``ray start`` or a Ray
-    ``runtime_env``.
+    A process with vLLM runs the released vllm-ascend's own Python, laid out by ``python -m
+    npu_compat.testing vllm-ascend``.  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
 
     As CANN's ``set_env.sh`` puts its compiler on ``PATH``, ``PATH`` starts with the simulated toolkit's (a
     ``bisheng`` that answers triton-ascend's probe and compiles nothing), and ``TRITON_INTERPRET=1`` runs
@@ -66,10 +63,6 @@ def simulation_env(
     env[_env.SIMULATE_DEVICES] = str(devices)
     if vllm_platform is not None:
         env[_env.SIMULATE_VLLM_PLATFORM] = "1" if vllm_platform else "0"
-    if vllm_ascend is not None:
-        if vllm_ascend not in _env.VLLM_ASCEND_KINDS:
-            raise ValueError(f"vllm_ascend={vllm_ascend!r}: one of {', '.join(_env.VLLM_ASCEND_KINDS)}")
-        env[_env.SIMULATE_VLLM_ASCEND] = vllm_ascend
     env.setdefault(_env.ASCEND_VISIBLE_DEVICES, ",".join(str(i) for i in range(devices)))
     env.setdefault(_env.ASCEND_TOOLKIT_VARS[0], str(TOOLKIT_HOME))
     _library_path_first(env)

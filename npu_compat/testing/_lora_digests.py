@@ -1,11 +1,10 @@
-"""The digests of each LoRA adapter the released vllm-ascend's worker loads, logged as the stand-in logs them.
+"""The digests of each LoRA adapter the released vllm-ascend's worker loads, as read and as held.
 
 Trinity's LoRA mode syncs the rollout by adapter files: the trainer saves ``adapter_model.safetensors`` after
 each step and the rollout's vLLM loads it (``remove_lora`` + ``add_lora``, or the first request's
-``lora_path``).  The stand-in runner logs each adapter it loads, with digests (:mod:`._lora`); vLLM does not.
-In a process that runs the released package (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``) this module observes
+``lora_path``).  vLLM logs nothing of what it loaded.  In every simulated process this module observes
 vLLM's own loader -- ``WorkerLoRAManager._load_adapter``, which reads the file through
-``LoRAModel.from_local_checkpoint`` and ``LoRAModel.from_lora_tensors`` -- and logs the stand-in's lines:
+``LoRAModel.from_local_checkpoint`` and ``LoRAModel.from_lora_tensors`` -- and logs:
 
 * ``simulated Ascend: LoRA <id> (<name>) loaded from <path>: r=<r>, scaling <s>, <n> modules (<kinds>)``;
 * ``simulated weight sync (rollout lora <id> loaded): <n> tensors, sha256 <digest>``, over the tensors

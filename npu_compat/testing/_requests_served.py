@@ -1,15 +1,13 @@
-"""How many requests each released ``NPUModelRunner`` took, logged as the stand-in's runner logs it.
+"""How many requests each released ``NPUModelRunner`` took, logged on the simulated host.
 
-A whole run's tests check that every rollout engine, and every tensor-parallel rank of it, generated: the
-stand-in runner counts the new requests it is scheduled and logs ``simulated Ascend: NPUModelRunner on npu:N
-served K requests (tensor parallel rank R of T)`` when its worker shuts down.  The released vllm-ascend logs
-nothing of the kind, and its workers are not always shut down before a run ends (vLLM 0.18's Ray executor
-kills them).  So in a process that runs the released package (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``) this
-module counts the new requests of each ``NPUModelRunner._update_states`` (the scheduler's
-``scheduled_new_reqs``, what the runner adds to its input batch) and logs the same line each time the count
-reaches a power of two: 1, 2, 4, ... -- a few lines per engine however long the run, the last a lower bound
-of its total.  A reader takes the largest count per process and rank.  It reads, and changes nothing the
-runner does; only on the simulated host.
+A whole run's tests check that every rollout engine, and every tensor-parallel rank of it, generated.  The
+released vllm-ascend logs nothing of the kind, and its workers are not always shut down before a run ends
+(vLLM 0.18's Ray executor kills them).  So in every simulated process this module counts the new requests of
+each ``NPUModelRunner._update_states`` (the scheduler's ``scheduled_new_reqs``, what the runner adds to its
+input batch) and logs ``simulated Ascend: NPUModelRunner on npu:N served K requests (tensor parallel rank R
+of T)`` each time the count reaches a power of two: 1, 2, 4, ... -- a few lines per engine however long the
+run, the last a lower bound of its total.  A reader takes the largest count per process and rank.  It reads,
+and changes nothing the runner does; only on the simulated host.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from ._when_imported import WhenImported
 
 RUNNER = "vllm_ascend.worker.model_runner_v1"
 
-#: the stand-in runner's line at shutdown
+#: one runner's count, on its device and tensor-parallel rank
 LINE = "simulated Ascend: NPUModelRunner on %s served %d requests (tensor parallel rank %d of %d)"
 #: vLLM's namespace: its handler prints INFO in every process that imported vLLM
 logger = logging.getLogger("vllm.npu_compat.requests_served")

@@ -1,7 +1,6 @@
 """Where the simulated Ascend host's "installed" packages live, and which of them a process gets.
 
-A simulated process has these directories first on ``sys.path`` (and its children on ``PYTHONPATH``).
-By default (``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` unset or ``real``):
+A simulated process has these directories first on ``sys.path`` (and its children on ``PYTHONPATH``):
 
 * the released vllm-ascend that the installed vLLM pairs with -- 0.23.0.post1 from vLLM 0.23 on, 0.18.0
   before -- laid out in this environment (:mod:`._vllm_ascend_release`: its own ``vllm_ascend`` package and
@@ -14,9 +13,6 @@ By default (``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` unset or ``real``):
 * :data:`TORCHAIR_SITE` (``torchair``, which vllm-ascend 0.18.0 imports).
 
 Without vLLM there is only :data:`SIM_SITE`: the real vllm-ascend cannot be imported without it either.
-With ``NPU_COMPAT_SIMULATE_VLLM_ASCEND=stand-in`` they are :data:`SIM_SITE`, whose ``vllm_ascend`` is then
-npu-compat's older hand-written copy of the release's worker and model runner, and that release's
-distribution (``_sim_dists/vllm-ascend-<version>``).
 
 ``importlib.metadata`` then sees ``torch_npu`` and ``vllm-ascend`` installed, each with its version.
 ``NPU_COMPAT_SIMULATE_VLLM_PLATFORM=0`` (``simulation_env(vllm_platform=False)``) leaves the
@@ -42,10 +38,7 @@ SIM_SITE = Path(__file__).resolve().with_name("_sim_site")
 #: On a real host torch_npu itself installs ``torchair`` (it ships inside it) when torch is imported; here it
 #: holds only the names vllm-ascend 0.18.0 reaches, so it is kept to the processes that run that package.
 TORCHAIR_SITE = Path(__file__).resolve().with_name("_sim_site_torchair")
-#: One directory per vllm-ascend release played, each holding that release's distribution only.
-SIM_DISTS = Path(__file__).resolve().with_name("_sim_dists")
-
-#: The vllm-ascend release the stand-ins play with a vLLM older than 0.23, and from 0.23 on.
+#: The vllm-ascend release that pairs with a vLLM older than 0.23, and from 0.23 on.
 VLLM_ASCEND_BEFORE_0_23 = "0.18.0"
 VLLM_ASCEND_FROM_0_23 = "0.23.0.post1"
 
@@ -64,7 +57,7 @@ def pairs_with_vllm_0_23(vllm_version: str) -> bool:
 
 
 def vllm_ascend_release(vllm_version: str) -> str:
-    """The vllm-ascend release that pairs with ``vllm_version`` (the one the stand-ins play)."""
+    """The vllm-ascend release that pairs with ``vllm_version``."""
     return VLLM_ASCEND_FROM_0_23 if pairs_with_vllm_0_23(vllm_version) else VLLM_ASCEND_BEFORE_0_23
 
 
@@ -81,38 +74,26 @@ def paired_torch_defaults() -> dict[str, str]:
     return torch_defaults(vllm_ascend_release(vllm)) if vllm else {}
 
 
-def runs_real_vllm_ascend(environ: Mapping[str, str]) -> bool:
-    """True unless ``NPU_COMPAT_SIMULATE_VLLM_ASCEND`` asks for npu-compat's stand-in: the released
-    package's own Python is the default."""
-    return environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() != "stand-in"
-
-
 def sites(environ: Mapping[str, str]) -> list[Path]:
     """The directories a simulated process puts first on its path, in order.
 
-    With the real vllm-ascend, its laid-out release comes first (its ``vllm_ascend`` and its
-    distribution), then the simulation's site, whose ``torch_npu`` and ``acl`` stand in for what the
-    release needs below its Python, then ``torchair`` (:data:`TORCHAIR_SITE`).  Raises
-    :class:`RuntimeError` when that release is not laid out in this environment, saying how to lay it
-    out."""
+    With vLLM, the laid-out vllm-ascend release comes first (its ``vllm_ascend`` and its distribution),
+    then the simulation's site, whose ``torch_npu`` and ``acl`` stand in for what the release needs below
+    its Python, then ``torchair`` (:data:`TORCHAIR_SITE`).  Raises :class:`RuntimeError` when that release
+    is not laid out in this environment, saying how to lay it out."""
     vllm = installed_vllm() if vllm_platform_on(environ) else None
     if vllm is None:
         return [SIM_SITE]
     release = vllm_ascend_release(vllm)
-    if runs_real_vllm_ascend(environ):
-        if not is_laid_out(release):
-            choice = environ.get(_env.SIMULATE_VLLM_ASCEND, "").strip() or "real, the default"
-            raise RuntimeError(
-                f"the simulated host runs the released vllm-ascend ({_env.SIMULATE_VLLM_ASCEND}={choice}), "
-                f"and vllm-ascend {release} (the release vLLM {vllm} pairs with) is not laid out in this "
-                f"environment ({layout_dir(release)}): run `python -m npu_compat.testing vllm-ascend` once"
-            )
-        return [layout_dir(release), SIM_SITE, TORCHAIR_SITE]
-    return [SIM_SITE, SIM_DISTS / f"vllm-ascend-{release}"]
+    if not is_laid_out(release):
+        raise RuntimeError(
+            f"the simulated host runs the released vllm-ascend, and vllm-ascend {release} (the release vLLM "
+            f"{vllm} pairs with) is not laid out in this environment ({layout_dir(release)}): run "
+            "`python -m npu_compat.testing vllm-ascend` once"
+        )
+    return [layout_dir(release), SIM_SITE, TORCHAIR_SITE]
 
 
 def all_sites() -> set[str]:
     """Every directory :func:`sites` can return, as strings: what a fresh choice replaces."""
-    real = (layout_dir(version) for version in RELEASES)
-    dists = (p for p in SIM_DISTS.iterdir() if p.is_dir())
-    return {str(SIM_SITE), str(TORCHAIR_SITE), *(str(p) for p in dists), *(str(p) for p in real)}
+    return {str(SIM_SITE), str(TORCHAIR_SITE), *(str(layout_dir(version)) for version in RELEASES)}

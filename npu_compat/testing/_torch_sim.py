@@ -914,19 +914,18 @@ def install() -> None:
         from . import _triton
 
         _triton.install()  # triton-ascend's driver, when triton is imported
-        from ._sites import paired_torch_defaults, runs_real_vllm_ascend
+        from ._sites import paired_torch_defaults
 
-        if runs_real_vllm_ascend(os.environ):
-            finders: list[object] = list(sys.meta_path)
-            if VllmAscendCFinder not in finders:
-                sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
-            for name, value in paired_torch_defaults().items():
-                os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
-            from . import _lora_digests, _requests_served, _weight_sync_digests
+        finders: list[object] = list(sys.meta_path)
+        if VllmAscendCFinder not in finders:
+            sys.meta_path.append(VllmAscendCFinder)  # type: ignore[arg-type]
+        for name, value in paired_torch_defaults().items():
+            os.environ.setdefault(name, value)  # before vLLM reads it; a user's own setting stands
+        from . import _lora_digests, _requests_served, _weight_sync_digests
 
-            _weight_sync_digests.install()  # an HCCL sync's digests, as the stand-in logs them
-            _requests_served.install()  # each runner's requests, as the stand-in counts them
-            _lora_digests.install()  # each LoRA adapter's digests, as the stand-in logs them
+        _weight_sync_digests.install()  # each HCCL weight sync's digests, on both sides
+        _requests_served.install()  # the requests each model runner served
+        _lora_digests.install()  # each LoRA adapter's digests, as read and as held
     torch._register_device_module("npu", npu)
     torch.version.cann = cann_version()  # as torch_npu's import sets it
     if NATIVE is None:

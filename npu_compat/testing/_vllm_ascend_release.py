@@ -1,7 +1,6 @@
 """The real vllm-ascend's Python for the simulated host: which release, from where, laid out where.
 
-A simulated Ascend host can run the released vllm-ascend package itself
-(``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``) instead of npu-compat's stand-in.  Its Python is taken from the
+A simulated Ascend host runs the released vllm-ascend package itself.  Its Python is taken from the
 package registry, never committed: the release paired with the installed vLLM (see ``_sites``), pinned here
 by file name and SHA-256, so that every machine lays out the same bytes.
 

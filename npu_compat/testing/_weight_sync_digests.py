@@ -1,9 +1,8 @@
 """The digests of a weight sync over HCCL on the released vllm-ascend: what was sent, what the rollout holds.
 
-The stand-in's HCCL engine and worker log both sides of a sync themselves (:mod:`._digest`); the released
-vllm-ascend does not.  In a process that runs the released package (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``)
-this module observes the same two places, and logs the same lines (:data:`._digest.LINE`), on vLLM's logger
-so that they show among the process's own:
+The released vllm-ascend logs nothing of what a sync moved.  In every simulated process this module
+observes both sides of a sync and logs one line each (:data:`._digest.LINE`), on vLLM's logger so that they
+show among the process's own:
 
 * ``trainer sent``: ``HCCLWeightTransferEngine.trainer_send_weights`` (the trainer side of ``sync_method:
   nccl``; Trinity 0.6.0 calls it through npu-compat's ``trinity.distributed.vllm_weight_transfer``).  Each
@@ -23,7 +22,7 @@ address they had when the reload started (``initialize_layerwise_reload``), and 
 the release's reload left where a captured ACL graph reads, before npu-compat's guard (after the worker's
 finish) puts anything back.
 
-Under tensor parallelism each rank holds slices, so each rank logs what the stand-in's ranks log instead
+Under tensor parallelism each rank holds slices, so each rank logs instead
 of ``rollout loaded``: ``rollout tp rank R/T received`` (the full tensors handed to the loader, equal to
 ``trainer sent``), ``... expected`` (its slice of each, in the dtype its model holds, cut by the partition
 that vLLM's layer states: a ``VocabParallelEmbedding``'s ``shard_indices`` with its padding rows zero, a

@@ -22,7 +22,7 @@ exactly the sum of each process's span from its start to that point, the *waits*
 point and the next process's start, and the tail to ``until`` (:func:`render`).
 
 npu-compat's own modules are not imported again (they are what is measured against the floor);
-the simulated Ascend's stand-ins for torch_npu and vllm-ascend are, as the real ones are
+the simulated Ascend's torch_npu stand-in and the released vllm-ascend are, as they are
 imported on a real NPU.
 """
 

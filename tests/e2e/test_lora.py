@@ -5,9 +5,10 @@ The bundled ``examples/e2e/trinity_tiny.yaml`` with ``model.lora_configs`` (one 
 with PEFT (no ``path`` given) that the rollout's first requests name, and switches the weight sync to
 ``checkpoint``.  The trainer (verl's FSDP2 engine) trains the LoRA weights and saves the adapter next to
 each step's checkpoint (``global_step_N/actor/lora_adapter``); the rollout then drops its adapter and
-adds the new one (``remove_lora`` + ``add_lora``).  The stand-in ``NPUModelRunner`` computes with the
-adapter (``npu_compat.testing._lora``) and logs a digest of each adapter as it holds it, which this test
-compares with the digest of the adapter file on disk.
+adds the new one (``remove_lora`` + ``add_lora``).  The released ``NPUModelRunner`` computes with the
+adapter through vLLM's LoRA layers and vllm-ascend's punica wrapper; the simulation logs the digest of each
+adapter as vLLM read it and as it holds it (``npu_compat.testing._lora_digests``), which this test compares
+with the digest of the adapter file on disk.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Trinity 0.6's ``Allocator`` (vLLM's multiprocess executor in each rollout actor)
 ``create_explorer_models`` (vLLM's Ray executor).  Every engine then answers ``generate``, ``chat``, ``logprobs``
 (prompt logprobs, through Trinity's own vLLM patch where it has one), ``convert_messages_to_experience`` and the
 OpenAI API through the wrapper's sync and async clients; the rollout runs the released vllm-ascend paired with the
-stack's vLLM (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``), at Trinity's rollout defaults otherwise (bfloat16, graph
+stack's vLLM, at Trinity's rollout defaults otherwise (bfloat16, graph
 mode, prefix caching).
 """
 
@@ -47,7 +47,7 @@ def _drive(tmp_path: Path, model: Path) -> dict[str, Any]:
     workdir.mkdir()
     config = workdir / "rollout.yaml"
     config.write_text(scenario.replaced(scenario.CONFIG.read_text(), ROLLOUT))
-    env = scenario._env("compat", workdir, model) | {"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"}
+    env = scenario._env("compat", workdir, model)
     prefix = [sys.executable, "-m", "npu_compat"]
     out = tmp_path / "seen.json"
     with npu_ray_cluster(1, npus_per_node=4, cpus_per_node=8, env=env, command_prefix=prefix) as cluster:

@@ -137,11 +137,14 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     steps = scenario.train_steps(out)
     assert [step["step"] for step in steps] == [1, 2], steps
     assert all(step["reward_mean"] is not None and step["pg_loss"] is not None for step in steps), steps
-    # the rollout at Trinity's defaults (the bundled config sets none of them): enforce_eager false runs
-    # eager and says so; bfloat16; a KV cache of 0.9 of the 64 GiB device less the weights
-    assert "ACL graph capture and torch.compile are not simulated; the model runs eager" in text
+    # the rollout at Trinity's defaults (the bundled config sets none of them): enforce_eager false, so the
+    # release captures ACL graphs (PIECEWISE, and FULL for decode); bfloat16; a KV cache of 0.9 of the
+    # 64 GiB device less the weights
+    assert "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%" in text
+    assert "Capturing CUDA graphs (decode, FULL): 100%" in text
     assert "dtype=torch.bfloat16" in text
-    assert "Available KV cache memory: 57.6" in text
+    kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
+    assert kv and all(abs(float(gib) - 0.9 * 64) < 0.01 for gib in kv), kv
     # the prompts reach the rollout and it generates (over max_prompt_tokens Trinity would skip them)
     served = [int(n) for n in re.findall(r"NPUModelRunner on npu:\d+ served (\d+) requests", text)]
     assert served and all(served), served
@@ -249,7 +252,7 @@ def test_compat_explore_and_train_as_two_commands_sharing_a_checkpoint_directory
 def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """Trinity 0.5.2 (vLLM 0.18, the stand-in's 0.18.0 flavour) in mode ``both`` runs to the end: its
+    """Trinity 0.5.2 (vLLM 0.18, vllm-ascend 0.18.0) in mode ``both`` runs to the end: its
     weight-sync group -- verl's ``WorkerDict`` (rank 0) and Trinity's ``WorkerExtension`` in vLLM's
     EngineCore, both through ``trinity.distributed.init_process_group`` made ``hccl`` -- forms, the
     trainer syncs after each step and the Explorer reaches model version 2.
@@ -317,24 +320,17 @@ def on_the_real_vllm_ascend() -> Any:
 def _real_run_to_the_end(
     tmp_path: Path, tiny_model: Path, name: str, env: dict[str, str] | None = None, **kw: Any
 ) -> tuple[dict[str, Any], str]:
-    """The bundled config on the released vllm-ascend (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``), run to the
-    end: exit 0, the two train steps and the rollout on weight version 2, no compute boundary, and the release's
-    own engine, not the stand-in.  The summary and every process's logs."""
-    result = _run(
-        tmp_path, tiny_model, "compat", "auto", 900, name=name,
-        env={"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real", **(env or {})}, **kw,
-    )  # fmt: skip
+    """The bundled config on the released vllm-ascend, run to the end: exit 0, the two train steps and the
+    rollout on weight version 2, no compute boundary, and the release's own engine.  The summary and every
+    process's logs."""
+    result = _run(tmp_path, tiny_model, "compat", "auto", 900, name=name, env=env, **kw)
     assert result["rc"] == 0, result
     assert result["stages"][-4:] == [
         "train_step_started", "train_step_finished", "second_train_step_finished", "rollout_on_weight_version_2",
     ], result  # fmt: skip
     assert "rollout_models_ready" in result["stages"] and result["boundaries"] == [], result
     text = scenario.all_logs(tmp_path / "compat-auto")
-    assert (
-        "vllm_ascend.model_loader.rfork" in text
-    )  # the release registers its loaders; the stand-in has none
-    # the stand-in's own line (the requests each runner served are logged on the real package too)
-    assert "ACL graph capture and torch.compile are not simulated" not in text
+    assert "vllm_ascend.model_loader.rfork" in text  # the release registers its loaders
     return result, text
 
 
@@ -344,8 +340,7 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     tmp_path: Path, tiny_model: Path
 ) -> None:
     """The bundled config with the rollout at TP 2 and ``enforce_eager: true``, on the released vllm-ascend
-    (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``: 0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0), not the
-    stand-in: Trinity's ``vLLMRolloutModel`` builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
+    (0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0): Trinity's ``vLLMRolloutModel`` builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
     to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2.  On 0.6.0
     (the release's HCCL engine) each rank holds exactly its slice of what the trainer sent, by the digests.  On 0.6.0
@@ -607,7 +602,7 @@ def test_compat_explore_generates_on_the_vllm_ascend_worker(tmp_path: Path, tiny
     (simulated) Ascend platform; the worker's ``init_device`` forms its HCCL world group, its
     ``load_model`` (0.6.0: npu-compat's Trinity worker on ``NPUWorker``) registers Trinity's checkpoint
     weight-transfer engine -- importing ``vllm_extension``, whose patches apply in that process -- and
-    the vllm_ascend stand-in's ``NPUModelRunner`` generates: the explore steps run, and the run ends."""
+    the release's ``NPUModelRunner`` generates: the explore steps run, and the run ends."""
     result = _run(tmp_path, tiny_model, "compat", "explore", 480)
     assert result["stages"] == [*ROLLOUT_SIDE, "rollout_models_ready", "explore_step_started"], result
     assert result["boundaries"] == [], result

@@ -47,14 +47,29 @@ def make_tokenizer(directory: Path) -> int:
 
 
 def make_tiny_model(
-    directory: Path | str, *, heads: int = 2, kv_heads: int = 1, initializer_range: float = 0.02
+    directory: Path | str,
+    *,
+    heads: int = 2,
+    kv_heads: int = 1,
+    initializer_range: float = 0.02,
+    arch: str = "qwen2",
 ) -> Path:
-    """Write a 1-layer Qwen2 (hidden size 32) with random weights and its tokenizer to ``directory``.
+    """Write a 1-layer Qwen2 or Llama (hidden size 32) with random weights and its tokenizer to ``directory``.
 
     ``heads``/``kv_heads``: its attention heads; ``initializer_range``: the spread of its random weights
-    (with the default, greedy decoding mostly repeats a token; 0.5 gives varied answers)."""
+    (with the default, greedy decoding mostly repeats a token; 0.5 gives varied answers); ``arch="llama"``:
+    the same shape as a Llama (no bias on the attention's projections, its own model class in vLLM)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    kinds = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    config_class, model_class = kinds[arch]
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -62,7 +77,7 @@ def make_tiny_model(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=max(64, vocab),
         hidden_size=32,
         intermediate_size=64,
@@ -76,10 +91,10 @@ def make_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         torch_dtype="float32",
-        architectures=["Qwen2ForCausalLM"],
+        architectures=[model_class.__name__],
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.save_pretrained(directory)
     GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id

@@ -178,5 +178,13 @@ def test_the_readme_and_the_docs_name_no_variable_that_npu_compat_does_not_have(
     for page in _pages():
         named |= set(re.findall(r"\bNPU_COMPAT(?:_[A-Z0-9]+)*\b", page.read_text(encoding="utf-8")))
     assert named >= {"NPU_COMPAT_STRICT", "NPU_COMPAT_SIMULATE"}
-    unknown = sorted(named - owned)
+    unknown = sorted(named - owned - set(_env.RETIRED))
     assert unknown == [], f"named in README.md or docs/ but not defined in npu_compat/_env.py: {unknown}"
+
+
+def test_a_retired_variable_is_out_of_the_table_and_the_readme_says_it_is_no_longer_read() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert _env.RETIRED and not set(_env.RETIRED) & _readme_table_names()
+    for name in _env.RETIRED:
+        assert f"`{name}` is no longer read" in readme, name
+        assert name in " ".join(_env.value_problems({name: "1"})), name

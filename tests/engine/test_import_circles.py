@@ -20,7 +20,7 @@ def _modules(root: Path) -> dict[str, Path]:
     out = {}
     for path in sorted(root.rglob("*.py")):
         if "_sim_site" in path.relative_to(root).parts:
-            continue  # stand-ins for other distributions (torch_npu, vllm_ascend), not modules of ours
+            continue  # stand-ins for other distributions (torch_npu, acl), not modules of ours
         parts = list(path.with_suffix("").relative_to(root.parent).parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]

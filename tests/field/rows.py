@@ -121,9 +121,8 @@ ROWS: tuple[Row, ...] = (
                 "'FRACTAL_NZ mode is enabled ... Please set VLLM_ASCEND_ENABLE_NZ=0'",
             ),
         ),
-        "the releases' own NZ gate, read by their NPUWorker: the real 0.18.0's wake_up refuses at the default; "
-        "Trinity 0.6.0's update is shown on the stand-in of 0.23.0.post1's NPUWorker, which carries the "
-        "release's check",
+        "the releases' own NZ gate, read by their NPUWorker: 0.18.0's wake_up and 0.23.0.post1's "
+        "start_weight_update refuse at the default",
         "Trinity 0.6.0's first weight update (vLLM's start_weight_update on the NPUWorker) stops: ValueError: "
         "FRACTAL_NZ mode is enabled. Trinity 0.5.2 loads through model.load_weights, which the gate does not "
         "guard, and vllm-ascend 0.18.0 casts only quantized weights to NZ at the default 1",

@@ -19,12 +19,6 @@ MISSING = missing_tools()
 needs_backend = pytest.mark.skipif(MISSING is not None, reason=f"the simulated npu backend needs {MISSING}")
 
 
-#: The variable that picks the vllm-ascend a simulated child runs
-STAND_IN_KEY = "NPU_COMPAT_SIMULATE_VLLM_ASCEND"
-#: npu-compat's stand-in vllm-ascend, for the tests of the stand-in itself
-STAND_IN = {STAND_IN_KEY: "stand-in"}
-
-
 def sim_env(devices: int = 2, **extra: str) -> dict[str, str]:
     """The simulation's variables for a child with ``devices`` NPUs (``run_py`` adds the rest)."""
     env = {k: v for k, v in simulation_env(devices, {}).items() if k != "PYTHONPATH"}
@@ -88,9 +82,9 @@ def engine_failure(output: str) -> str:
 
 
 def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
-    """Run a script that drives vLLM's engine on a simulated Ascend (npu-compat's stand-in ``vllm_ascend``
-    unless ``extra`` chooses, NZ off, and ``extra``): the stand-in's own engine tests.  A failure names its root cause first; one retry, said so, only where a port
-    vLLM picked was taken before it bound it."""
+    """Run a script that drives vLLM's engine on a simulated Ascend (the released vllm-ascend, NZ off, and
+    ``extra``).  A failure names its root cause first; one retry, said so, only where a port vLLM picked was
+    taken before it bound it."""
     for attempt in (1, 2):
         # spawn: vLLM forks its engine core and workers by default (it forces spawn only in a Ray actor,
         # as Trinity's rollout is, or once CUDA is initialised); a fork after torch's thread pool has
@@ -104,7 +98,7 @@ def vllm_engine_run(code: str, timeout: float = 900, **extra: str) -> subprocess
             VLLM_WORKER_MULTIPROC_METHOD="spawn",
             PYTHONFAULTHANDLER="1",
             VLLM_PORT=str(free_port()),
-            **{STAND_IN_KEY: "stand-in", **extra},
+            **extra,
         )
         proc = run_py(code, env=env, pythonpath=sim_path(env), timeout=timeout, check=False)
         if proc.returncode == 0:

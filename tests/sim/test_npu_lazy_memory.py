@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
+from npu_compat.testing import _sites
 from tests.sim.npu_backend import needs_backend, npu_backend_built, sim_json, vllm_engine_json
-from tests.sim.test_vllm_ascend_standins import V023, VLLM_VERSION
+
+VLLM_VERSION = _sites.installed_vllm()
+V023 = VLLM_VERSION is not None and _sites.pairs_with_vllm_0_23(VLLM_VERSION)
 
 pytest.importorskip("torch", reason="needs torch (installed by the upstream stack sessions)")
 
@@ -139,8 +142,8 @@ def test_a_zero_fill_backs_no_pages_and_reads_as_zeros() -> None:
 
 needs_vllm = [
     pytest.mark.many_processes,  # vLLM's engine core and its worker process (npu_backend.vllm_engine_run)
-    # by hand for CI's time (96 s): the stand-in's runner; CI checks the cache's size and the workers' host
-    # memory on the real vllm-ascend (test_real_vllm_ascend.py, TP 2 on the Ray executor, stack c)
+    # by hand for CI's time: CI checks the cache's size and the workers' host memory with the same runner
+    # at TP 2 on the Ray executor (test_real_vllm_ascend.py, stack c)
     pytest.mark.beyond_ci,
     pytest.mark.skipif(VLLM_VERSION is None, reason="needs vllm (installed by the upstream stack sessions)"),
     pytest.mark.skipif(not V023, reason="the runner is checked with vLLM 0.23 (stacks a and b) only"),
@@ -163,7 +166,11 @@ def worker_stats(worker):
     status = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/self/status")
               if l.startswith(("VmRSS:", "VmHWM:"))}
     runner = worker.model_runner
-    caches = {id(t): t for t in runner.kv_caches.values()}.values()
+    flat, todo = [], list(runner.kv_caches)   # per layer: vllm-ascend's (key, value) caches
+    while todo:
+        t = todo.pop()
+        todo.extend(t) if isinstance(t, (list, tuple)) else flat.append(t)
+    caches = {id(t): t for t in flat}.values()
     specs = runner.get_kv_cache_spec()
     return {"allocated": torch.npu.memory_allocated(), "total": torch.npu.mem_get_info()[1],
             "kv_bytes": sum(t.numel() * t.element_size() for t in caches),

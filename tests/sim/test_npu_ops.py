@@ -1435,7 +1435,7 @@ def test_the_released_punica_wrapper_npu_runs_lora_on_npu_tensors() -> None:
     ``*_expand_slice`` ops), on the embedding (``*_expand``) and on the logits (``bgmv_shrink`` +
     ``bgmv_expand``) equals vLLM's ``PunicaWrapperCPU`` on the torch ops, the token and the request without an
     adapter left as they were."""
-    env = sim_env(1, NPU_COMPAT_SIMULATE_VLLM_ASCEND="real", VLLM_ASCEND_ENABLE_NZ="0")
+    env = sim_env(1, VLLM_ASCEND_ENABLE_NZ="0")
     proc = run_py(PUNICA_NPU, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # vLLM logs after it
     assert lines, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -212,6 +212,44 @@ def test_the_real_hccl_weight_transfer_engine_delivers_every_weight_with_an_equa
     assert worker["digest"] == trainer["digest"]
 
 
+#: Both ranks take part in a first broadcast; then rank 1 waits for a second one that rank 0 never sends.
+#: Rank 0 stays (it holds the group's store) until rank 1 says it is done.
+SOURCE_NEVER_SENDS = """
+def BODY(torch, rank, port):
+    import time
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator
+
+    group = StatelessProcessGroup.create("127.0.0.1", port, rank, 2, store_timeout=60)
+    comm = PyHcclCommunicator(group, device=rank)
+    device = f"npu:{rank}"
+    first = torch.ones(4, device=device) if rank == 0 else torch.zeros(4, device=device)
+    comm.broadcast(first, src=0)
+    out = {"first": first.cpu().tolist()}
+    if rank == 1:
+        started = time.monotonic()
+        try:
+            comm.broadcast(torch.zeros(4, device=device), src=0)
+            out["second"] = "completed"
+        except RuntimeError as exc:
+            out["second"] = str(exc)
+        out["seconds"] = time.monotonic() - started
+    group.broadcast_obj("done" if rank == 1 else None, src=1)
+    return out
+"""
+
+
+def test_a_broadcast_from_a_source_that_never_sends_fails_at_hccl_exec_timeout(tmp_path: Path) -> None:
+    """The receiver of a broadcast waits for its source within ``HCCL_EXEC_TIMEOUT``, as on the device --
+    not for the group's store timeout (60 s here) and not for ever -- and the released wrapper raises HCCL's
+    result code."""
+    out = two_ranks(SOURCE_NEVER_SENDS, tmp_path, HCCL_EXEC_TIMEOUT="3")
+    assert out["0"]["first"] == out["1"]["first"] == [1.0] * 4, out
+    receiver = out["1"]
+    assert receiver["second"] == "HCCL error: HCCL_E_TIMEOUT", receiver
+    assert 3.0 <= receiver["seconds"] < 10.0, receiver
+
+
 @pytest.mark.beyond_ci  # waits CANN's floor for HCCL_CONNECT_TIMEOUT, 120 s, for nothing else
 def test_a_rank_that_never_joins_fails_after_hccl_connect_timeout() -> None:
     """Rank 0 of two builds its communicator alone: the simulated library waits ``HCCL_CONNECT_TIMEOUT``

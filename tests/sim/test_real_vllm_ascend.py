@@ -1,9 +1,8 @@
-"""The released vllm-ascend's own Python on the simulated Ascend (``NPU_COMPAT_SIMULATE_VLLM_ASCEND=real``).
+"""The released vllm-ascend's own Python on the simulated Ascend.
 
 The stack sessions lay out the release paired with the stack's vLLM (``python -m npu_compat.testing
 vllm-ascend``: 0.23.0.post1 with vLLM 0.23, 0.18.0 with vLLM 0.18), from the registry and checked against
-its pinned SHA-256.  A simulated process then imports that package, not npu-compat's stand-in; what it needs
-below its Python (torch_npu's core and ops, pyACL, torchair, the compiled ``vllm_ascend_C``) is the
+its pinned SHA-256.  A simulated process then imports that package; what it needs below its Python (torch_npu's core and ops, pyACL, torchair, the compiled ``vllm_ascend_C``) is the
 simulation's.  These tests read what a user of the simulation would see: the package that is imported, its
 worker and model runner, and what an engine on it generates.
 """
@@ -24,7 +23,6 @@ from tests.sim.npu_backend import free_port, needs_backend, sim_env
 
 VLLM = _sites.installed_vllm()
 RELEASE = _sites.vllm_ascend_release(VLLM) if VLLM else None
-REAL = {"NPU_COMPAT_SIMULATE_VLLM_ASCEND": "real"}
 
 pytestmark = [
     pytest.mark.skipif(VLLM is None, reason="needs vllm (installed by the upstream stack sessions)"),
@@ -38,7 +36,7 @@ pytestmark = [
 
 def real_run_proc(code: str, timeout: float = 300, devices: int = 1, **extra: str) -> Any:
     """Run ``code`` on a simulated Ascend host that runs the real vllm-ascend."""
-    env = sim_env(devices, **{**REAL, "VLLM_ASCEND_ENABLE_NZ": "0", **extra})
+    env = sim_env(devices, **{"VLLM_ASCEND_ENABLE_NZ": "0", **extra})
     return run_py(code, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=timeout)
 
 
@@ -67,7 +65,7 @@ def test_the_laid_out_release_is_the_pinned_one_without_its_compiled_files() -> 
     compiled = [p for p in (where / "vllm_ascend").rglob("*") if p.suffix == ".so"]
     assert compiled == []
     assert (where / "vllm_ascend" / "_build_info.py").read_text().rstrip().endswith("__device_type__ = 'A2'")
-    # the release's own Python, not a copy of ours: the stand-in's marker is not in it
+    # the release's own Python, not a copy of ours: the simulation's marker is not in it
     assert "SIMULATED" not in (where / "vllm_ascend" / "__init__.py").read_text()
 
 
@@ -185,14 +183,14 @@ def test_a_simulated_process_imports_the_real_worker_and_model_runner() -> None:
 
 
 def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path) -> None:
-    """A simulated process asked for the real package where none is laid out stops, naming the command."""
+    """A simulated process with vLLM, where the released vllm-ascend is not laid out, stops, naming the command."""
     proc = run_py(
         """
         import sys
         from npu_compat.testing import _vllm_ascend_release, simulation_env
         _vllm_ascend_release.layout_dir = lambda version, prefix=None: __import__("pathlib").Path(sys.argv[-1])
         try:
-            simulation_env(1, vllm_ascend="real")
+            simulation_env(1)
         except RuntimeError as exc:
             print(exc)
         """.replace("sys.argv[-1]", repr(str(tmp_path / "none"))),
@@ -203,7 +201,8 @@ def test_without_the_layout_the_simulation_says_how_to_lay_it_out(tmp_path: Path
     assert f"vllm-ascend {RELEASE}" in proc.stdout
 
 
-#: Greedy tokens of a tiny Qwen2 through vLLM's engine (eager) on ``$EXECUTOR`` at tensor parallel ``$TP``, and
+#: Greedy tokens of a tiny ``$ARCH`` (Qwen2 or Llama) through vLLM's engine (eager) on ``$EXECUTOR`` at tensor
+#: parallel ``$TP``, and
 #: transformers' on the same weights: prefill, decode, a prompt prefilled in chunks (130 tokens, 64 a step),
 #: and one that shares a cached prefix with an earlier one.  Each worker's device and host memory, too.
 GENERATE = """
@@ -218,7 +217,8 @@ def memory(worker):
     return {"allocated": torch.npu.memory_allocated(), "total": torch.npu.mem_get_info()[1], **status}
 
 def main():
-    tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5)
+    tiny = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), initializer_range=0.5,
+                           arch=os.environ["ARCH"])
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc(memory): a function, pickled
     from vllm import LLM, SamplingParams
     llm = LLM(model=str(tiny), enforce_eager=True, dtype="float32", max_model_len=256, seed=0,
@@ -277,21 +277,24 @@ TRINITYS_TP2_EXECUTOR = "mp" if RELEASE == "0.23.0.post1" else "ray"
 @pytest.mark.many_processes
 # TP 1 by hand for CI's time (85 s): the prompt-logprob and graph tests run the release's runner at TP 1
 @pytest.mark.parametrize(
-    "tp",
+    "arch, tp",
     [
-        pytest.param(1, marks=pytest.mark.beyond_ci),
-        pytest.param(2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else pytest.mark.beyond_ci),
+        pytest.param("qwen2", 1, marks=pytest.mark.beyond_ci),
+        pytest.param("llama", 1, marks=pytest.mark.beyond_ci),
+        pytest.param("qwen2", 2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else pytest.mark.beyond_ci),
+        pytest.param("llama", 2, marks=[] if TRINITYS_TP2_EXECUTOR == "mp" else pytest.mark.beyond_ci),
     ],
 )
-def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(tp: int) -> None:
+def test_an_engine_on_the_real_vllm_ascend_generates_what_transformers_generates(arch: str, tp: int) -> None:
     """``GENERATE`` on vLLM's multiprocess executor: one worker per simulated NPU, the TP group on the
     simulated hccl.  Each rank's runner counts the requests it took (``npu_compat.testing._requests_served``),
-    as the stand-in's did: what a whole run's tests read to know every engine and rank generated."""
+    what a whole run's tests read to know every engine and rank generated."""
     proc = real_run_proc(
         GENERATE,
         timeout=900,
         devices=tp,
         TP=str(tp),
+        ARCH=arch,
         EXECUTOR="mp",
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
         VLLM_PORT=str(free_port()),
@@ -324,11 +327,11 @@ def test_tensor_parallel_2_on_vllms_ray_executor_generates_what_transformers_gen
 
     from npu_compat.testing import npu_ray_cluster
 
-    env = dict(os.environ, **sim_env(2, **REAL, VLLM_ASCEND_ENABLE_NZ="0"))
+    env = dict(os.environ, **sim_env(2, VLLM_ASCEND_ENABLE_NZ="0"))
     driver = tmp_path / "driver.py"
     driver.write_text(GENERATE)
     with npu_ray_cluster(1, 2, 4, env=env) as cluster:
-        client = dict(cluster.env, RAY_ADDRESS=cluster.address, TP="2", EXECUTOR="ray")
+        client = dict(cluster.env, RAY_ADDRESS=cluster.address, TP="2", EXECUTOR="ray", ARCH="qwen2")
         repo = str(Path(__file__).resolve().parents[2])
         client["PYTHONPATH"] = os.pathsep.join([client["PYTHONPATH"], repo])
         proc = subprocess.run(

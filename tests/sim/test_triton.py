@@ -93,7 +93,7 @@ print(json.dumps(out))
 
 @needs_backend
 def test_the_real_kernels_run_in_the_interpreter_on_npu_tensors() -> None:
-    env = sim_env(1, NPU_COMPAT_SIMULATE_VLLM_ASCEND="real")
+    env = sim_env(1)
     seen = last_json(run_py(KERNELS, env=env, pythonpath=[str(p) for p in _sites.sites(env)], timeout=300))
     # triton-ascend's NPUDriver is active (the simulated toolkit's bisheng answers its probe), and vLLM finds Triton
     assert seen["has_triton"] is True
