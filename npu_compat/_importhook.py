@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 
+#: The finders resolving a module right now, by ``(id(finder), module name)``: a finder up the stack is
+#: passed over, as wrapt's finder passes over itself (its ``in_progress``).  Python holds the module's
+#: import lock around ``find_spec``, so one name is resolved by one thread at a time.
+_resolving: "set[tuple[int, str]]" = set()
+
+
 def wrap_spec(
     finder: object,
     fullname: str,
@@ -27,21 +33,26 @@ def wrap_spec(
     target: "ModuleType | None",
     fire: "Callable[[ModuleType], None]",
 ) -> "ModuleSpec | None":
-    """The spec the other finders give for ``fullname`` (finders of ``finder``'s type are
-    passed over), its loader wrapped so that ``fire(module)`` runs after the module executes."""
+    """The spec the other finders give for ``fullname`` (finders of ``finder``'s type, and any finder
+    resolving ``fullname`` further up the stack, are passed over), its loader wrapped so that
+    ``fire(module)`` runs after the module executes.  Where another hook's finder watches the same
+    module, the loaders nest and both callbacks run, the innermost first."""
     spec: ModuleSpec | None = None
-    for other in list(sys.meta_path):
-        if isinstance(other, type(finder)):
-            continue
-        find = getattr(other, "find_spec", None)
-        if find is None:
-            continue
-        spec = find(fullname, path, target)
-        if spec is not None:
-            break
+    key = (id(finder), fullname)
+    _resolving.add(key)
+    try:
+        for other in list(sys.meta_path):
+            if isinstance(other, type(finder)) or (id(other), fullname) in _resolving:
+                continue
+            find = getattr(other, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+    finally:
+        _resolving.discard(key)
     if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-        return spec
-    if isinstance(spec.loader, HookLoader):
         return spec
     spec.loader = HookLoader(spec.loader, fire)  # type: ignore[assignment]
     return spec
@@ -63,8 +74,9 @@ class HookLoader:
 
     def exec_module(self, module: "ModuleType") -> None:
         loader = self._npu_compat_loader
-        module.__loader__ = loader  # type: ignore[assignment]
-        if module.__spec__ is not None:
-            module.__spec__.loader = loader  # type: ignore[assignment]
+        if not isinstance(loader, HookLoader):  # a nested hook's loader sets the real one itself
+            module.__loader__ = loader  # type: ignore[assignment]
+            if module.__spec__ is not None:
+                module.__spec__.loader = loader  # type: ignore[assignment]
         loader.exec_module(module)  # type: ignore[attr-defined]
         self._npu_compat_fire(module)

@@ -66,6 +66,36 @@ def test_activate_before_import_patches_on_import(synth: Path) -> None:
     assert out["loader_real"] == "SourceFileLoader" and out["spec_loader_real"]
 
 
+@pytest.mark.parametrize("first", ["npu-compat", "other hook"])
+def test_another_post_import_hook_on_a_target_module_runs_beside_the_patches(synth: Path, first: str) -> None:
+    """A hook of another kind watching the same module (the simulated host's ``WhenImported``, in front of
+    npu-compat's finder or behind it): the import resolves once, both run, and the module keeps its real
+    loader.  The two finders once asked each other for the spec until the recursion limit."""
+    proc = child(
+        synth,
+        f"""
+        from npu_compat.testing._when_imported import WhenImported
+        seen = []
+        hook = WhenImported("synthpkg.target", lambda module: seen.append(npu_compat.is_patched(
+            module.init_process_group)))
+        if {first!r} == "other hook":
+            hook.install()
+        assert npu_compat.activate(specs=SPECS) == "npu"
+        if {first!r} == "npu-compat":
+            hook.install()
+        import synthpkg.target as t
+        print(json.dumps({{
+            "seen": seen, "status": statuses()["synth.init_pg"],
+            "patched": npu_compat.is_patched(t.init_process_group),
+            "loader_real": type(t.__loader__).__name__, "spec_loader_real": t.__spec__.loader is t.__loader__,
+        }}))
+        """,
+    )
+    out = last_json(proc)
+    assert len(out["seen"]) == 1 and out["status"] == "applied" and out["patched"], out
+    assert out["loader_real"] == "SourceFileLoader" and out["spec_loader_real"], out
+
+
 def test_activate_after_import_patches_at_once_and_repoints_copies(synth: Path) -> None:
     proc = child(
         synth,
