@@ -16,6 +16,17 @@ show among the process's own:
   ``output_sizes``; a vocabulary padded to a multiple of 64 rows (vLLM's ``VocabParallelEmbedding``) is
   read as the rows that were loaded.
 
+Trinity 0.5 syncs without the engine: its trainer (``ActorRolloutRefWorker.sync_weight``) and each rollout
+worker (``WorkerExtension.update_weight``) broadcast the weights one tensor at a time with
+``torch.distributed.broadcast`` over their weight-sync group, then meet at the group's barrier.  There the
+same lines are logged from ``torch.distributed``'s ``broadcast`` and ``barrier``, read only where those two
+functions called them (by the caller's module and function name): each tensor as broadcast, under the name
+the loop holds, and after the barrier what the rollout's model holds.  Every other call passes through as it
+is.
+
+Where the rollout's model holds another dtype than arrived (a bfloat16 rollout, a float32 trainer), or shards,
+the rank logs ``received``, ``expected`` and ``holds`` (below) instead of ``rollout loaded``.
+
 Equal lines mean the rollout's model holds, byte for byte, what the trainer sent.  With them the rollout
 side logs ``simulated weight sync (rollout storages)``: how many parameters and buffers are at the device
 address they had when the reload started (``initialize_layerwise_reload``), and which moved.  That is what
@@ -39,6 +50,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -50,6 +62,14 @@ ENGINE = "vllm_ascend.distributed.weight_transfer.hccl_engine"
 #: vLLM's layerwise reload: its end (``finalize_layerwise_reload``) is the end of an NPUWorker's update
 RELOAD = "vllm.model_executor.model_loader.reload"
 
+#: Trinity 0.5's own sync: the module and the function of each side that broadcasts the weights one tensor at
+#: a time over the weight-sync group (``torch.distributed.broadcast``), then meets the group's barrier
+OWN_SYNC = {
+    "trinity.trainer.verl.fsdp_workers": "sync_weight",
+    "trinity.common.models.vllm_worker": "update_weight",
+}
+_TRAINER_SIDE = "trinity.trainer.verl.fsdp_workers"
+
 #: vLLM's namespace: its handler prints INFO in every process that imported vLLM (npu_compat's own does not)
 logger = logging.getLogger("vllm.npu_compat.weight_sync")
 
@@ -60,8 +80,11 @@ _addresses: dict[str, int] = {}
 
 
 def install() -> None:
-    """Observe this process's syncs: now if the engine's module is imported, else when it is."""
+    """Observe this process's syncs: now where the engine's (or Trinity 0.5's) module is imported, else when
+    it is."""
     WhenImported(ENGINE, _observe).install()
+    for module in OWN_SYNC:
+        WhenImported(module, _observe_own_sync).install()
 
 
 def _observe(engine_module: ModuleType) -> None:
@@ -107,6 +130,76 @@ def _observed(around: Callable[..., Any], wrapped: Callable[..., Any]) -> Callab
     return observed
 
 
+def _observe_own_sync(_module: ModuleType) -> None:
+    """Trinity 0.5's sync broadcasts with ``torch.distributed`` itself: observe its broadcasts and barriers
+    (each call passes through; only those made by :data:`OWN_SYNC`'s functions are read)."""
+    import torch.distributed as dist
+
+    if getattr(dist.broadcast, "_npu_compat_observed", False):
+        return
+    dist.broadcast = _observed(_broadcast, dist.broadcast)
+    dist.barrier = _observed(_barrier, dist.barrier)
+
+
+#: The trainer side of Trinity 0.5's sync in this process, since its last barrier
+_own_sent = WeightsDigest()
+
+
+def _own_sync_caller() -> Any:
+    """The frame of the :data:`OWN_SYNC` function that called ``torch.distributed``, or None: the caller of
+    :func:`_observed`'s wrapper, two frames above the observer."""
+    frame = sys._getframe(3)
+    return frame if OWN_SYNC.get(frame.f_globals.get("__name__", "")) == frame.f_code.co_name else None
+
+
+def _broadcast(broadcast: Callable[..., Any], tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    result = broadcast(tensor, *args, **kwargs)
+    frame = _own_sync_caller()
+    if frame is None:
+        return result
+    name = frame.f_locals.get("name")
+    prefix = frame.f_locals.get("name_prefix")  # the trainer's FSDP1 path: names within each FSDP module
+    if isinstance(name, str) and isinstance(prefix, str):
+        name = prefix[len(frame.f_globals.get("FSDP_PREFIX", "")) :] + "." + name
+    if not isinstance(name, str):
+        return result
+    if frame.f_globals["__name__"] == _TRAINER_SIDE:
+        _own_sent.update(name, tensor)
+        return result
+    model = _runner_model(frame.f_locals.get("self"))
+    if model is not None:  # each tensor as the rollout received it, before Trinity converts it to its dtype
+        _received[name] = tensor.dtype
+        _sharded.full.update(name, tensor)
+        expected = _slice(model, _named_tensors(model), name, tensor)
+        if expected is not None:
+            _sharded.expected.update(name, expected)
+    return result
+
+
+def _barrier(barrier: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    global _own_sent
+    result = barrier(*args, **kwargs)
+    frame = _own_sync_caller()
+    if frame is None:
+        return result
+    if frame.f_globals["__name__"] == _TRAINER_SIDE:
+        if _own_sent.count:
+            logger.info(LINE, "trainer sent", _own_sent.count, _own_sent.hexdigest())
+        _own_sent = WeightsDigest()
+        return result
+    model = _runner_model(frame.f_locals.get("self"))
+    received = dict(_received)
+    _received.clear()
+    if model is not None and received:  # every tensor is loaded: the model holds the sync
+        _log_held(model, received)
+    return result
+
+
+def _runner_model(worker: Any) -> Any:
+    """The model of a vLLM worker (Trinity's ``WorkerExtension`` is mixed into it), or None."""
+    return getattr(getattr(worker, "model_runner", None), "model", None)
+
+
 def _sending(send: Callable[..., Any], iterator: Iterator[Any], trainer_args: Any) -> Any:
     return send(_digested(iterator), trainer_args)
 
@@ -127,7 +220,7 @@ def _receiving(receive: Callable[..., Any], self: Any, update_info: Any, load_we
     def load(weights: Any) -> Any:
         weights = list(weights)
         _received.update((name, tensor.dtype) for name, tensor in weights)
-        if model is not None and _tp()[1] > 1:
+        if model is not None:
             tensors = _named_tensors(model)
             for name, tensor in weights:
                 _sharded.full.update(name, tensor)
@@ -179,26 +272,28 @@ def _finalized(finalize: Callable[..., Any], model: Any, *args: Any, **kwargs: A
 
 def _log_held(model: Any, received: dict[str, Any]) -> None:
     """``rollout loaded``: what ``model`` holds under each received name, in the dtype it arrived in; under
-    tensor parallelism the rank's ``received``, ``expected`` and ``holds`` (its slices, in its dtype)."""
+    tensor parallelism, or where the model holds another dtype than arrived, the rank's ``received``,
+    ``expected`` and ``holds`` (its slices, in its dtype)."""
     global _sharded
     rank, size = _tp()
     tensors = _named_tensors(model)
+    found = {name: _held(model, tensors, name, size) for name in received}
+    missing = [name for name, held in found.items() if held is None]
+    held_here = {name: held for name, held in found.items() if held is not None}
+    converted = any(held.dtype != received[name] for name, held in held_here.items())
     digest = WeightsDigest()
-    missing = []
-    for name, dtype in received.items():
-        held = _held(model, tensors, name, size)
-        if held is None:
-            missing.append(name)
-        else:
-            digest.update(name, held if size > 1 else _unpadded(model, name, held).to(dtype))
+    for name, held in held_here.items():
+        digest.update(
+            name, held if size > 1 or converted else _unpadded(model, name, held).to(received[name])
+        )
     if missing:
         logger.warning(
             "simulated weight sync (rollout): the model holds no tensor for %s", ", ".join(missing)
         )
-    if size == 1:
+    sharded, _sharded = _sharded, _Shards()
+    if size == 1 and not converted:
         logger.info(LINE, "rollout loaded", digest.count, digest.hexdigest())
         return
-    sharded, _sharded = _sharded, _Shards()
     who = f"rollout tp rank {rank}/{size}"
     logger.info(LINE, f"{who} received", sharded.full.count, sharded.full.hexdigest())
     logger.info(LINE, f"{who} expected", sharded.expected.count, sharded.expected.hexdigest())

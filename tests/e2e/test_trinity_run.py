@@ -258,8 +258,8 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     trainer syncs after each step and the Explorer reaches model version 2.
 
     0.5.2 sends the weights itself (``torch.distributed.broadcast`` in the worker, ``load_weights``
-    per tensor in the extension), not through vllm-ascend's weight-transfer engine or ``NPUWorker``'s
-    update, where the simulation digests them: this run has no checksum (docs/findings/stacks.md)."""
+    per tensor in the extension), not through vllm-ascend's weight-transfer engine; the simulation digests
+    both sides of those broadcasts, and at each sync the rollout holds what the trainer sent, in its dtype."""
     result = _run(tmp_path, tiny_model, "compat", "auto", 900)
     out = tmp_path / "compat-auto"
     assert result["rc"] == 0, result
@@ -278,6 +278,7 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     assert all("StopAsyncIteration" in e for e in errors), errors
     steps = scenario.train_steps(out)
     assert [step["step"] for step in steps][:2] == [1, 2], steps
+    _shards_fresh(out, syncs=None, ranks=1)  # a bfloat16 rollout of the trainer's float32 weights
     _assert_applied(
         result,
         {
@@ -342,8 +343,9 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     """The bundled config with the rollout at TP 2 and ``enforce_eager: true``, on the released vllm-ascend
     (0.18.0 for Trinity 0.5.2, 0.23.0.post1 for 0.6.0): Trinity's ``vLLMRolloutModel`` builds vLLM's engine on the real ``NPUWorker``s -- vLLM's executor sets ``ASCEND_RT_VISIBLE_DEVICES``
     after each worker imported torch, the runtime counts the devices at their first use -- and the run goes
-    to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2.  On 0.6.0
-    (the release's HCCL engine) each rank holds exactly its slice of what the trainer sent, by the digests.  On 0.6.0
+    to the end: the trainer syncs after each step over HCCL and the Explorer reaches model version 2.  At each
+    sync each rank holds exactly its slice of what the trainer sent, by the digests (0.6.0: the release's HCCL
+    engine; 0.5.2: Trinity's own broadcasts).  On 0.6.0
     vLLM's multiprocess workers in the rollout actor see the actor's NPUs because npu-compat has Ray list them
     ascending (``ray.npu.visible_devices_ascending``, field failure F9: Ray gave ``2,1``)."""
     _result, text = _real_run_to_the_end(
@@ -353,8 +355,8 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     out = tmp_path / "compat-auto"
     errors = re.findall(r"Error in Trainer:\n(?:.*\n)*?.*?(\w+Error: .*)", scenario._driver_log(out))
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
-    if not REL_052:  # the release's HCCL engine, observed (npu_compat.testing._weight_sync_digests)
-        _shards_fresh(out, syncs=3, ranks=2)
+    # 0.6.0: the release's HCCL engine; 0.5.2: its own broadcasts (npu_compat.testing._weight_sync_digests)
+    _shards_fresh(out, syncs=None if REL_052 else 3, ranks=2)
 
 
 @on_the_real_vllm_ascend()
@@ -428,11 +430,13 @@ def _syncs_fresh(out: Path) -> None:
     assert len(storages) == 3 and all(kept == of for kept, of in storages), storages
 
 
-def _shards_fresh(out: Path, syncs: int, ranks: int) -> None:
-    """``syncs`` syncs over the release's HCCL engine to a rollout of tensor parallel ``ranks``: at each, every
-    rank received the full tensors the trainer sent and holds exactly its slice of them (its ``expected``, cut
-    as vLLM's layers partition them), and the ranks hold different slices."""
+def _shards_fresh(out: Path, syncs: int | None, ranks: int) -> None:
+    """``syncs`` syncs (None: as many as the trainer logged, two at least) over HCCL to a rollout of tensor
+    parallel ``ranks``: at each, every rank received the full tensors the trainer sent and holds exactly its
+    slice of them (its ``expected``, cut as vLLM's layers partition them), and the ranks hold different
+    slices."""
     sent = scenario.trainer_sent(out)
+    syncs = max(len(sent), 2) if syncs is None else syncs
     assert len(sent) == syncs and len(set(sent)) == syncs, sent
     loads = scenario.converted_loads(out)
     assert len(loads) == syncs * ranks, loads
