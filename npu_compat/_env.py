@@ -137,6 +137,13 @@ HCCL_LIBRARY_DEFAULT = "libhccl.so"
 #: ``1`` runs Triton kernels in Triton's interpreter (Triton's, not ours).  The simulated host sets it, as it
 #: has no NPU compiler: triton-ascend's kernels then run on the host (see ``npu_compat.testing``).
 TRITON_INTERPRET = "TRITON_INTERPRET"
+#: Ray's pattern of log lines its drivers print without deduplicating them: the simulated host adds its own
+#: lines' (Ray folds lines of two workers that differ only in numbers into one, ``[repeated Nx]``, and a
+#: driver that exits before the fold is printed drops them: each TP rank's ``served`` line on vLLM's Ray
+#: executor)
+RAY_DEDUP_ALLOW = "RAY_DEDUP_LOGS_ALLOW_REGEX"
+#: ... and the simulated host's lines, which every worker prints with its own numbers
+SIMULATION_LINES = r"simulated (?:Ascend|weight sync|HCCL)"
 
 # HCCL's sockets (CANN's, not ours), checked by ``doctor``.
 #: How long an HCCL communicator waits for its peers' sockets while it is built, in seconds (CANN's default

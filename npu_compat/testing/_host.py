@@ -69,10 +69,19 @@ def simulation_env(
     # an environ of the simulation's alone (no PATH) gets this process's PATH after the compiler
     _first_on(env, "PATH", str(COMPILER_BIN), default=os.environ.get("PATH", os.defpath))
     env.setdefault(_env.TRITON_INTERPRET, "1")
+    _lines_kept_whole(env)
     ours = all_sites()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
     env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in sites(env)), *paths])
     return env
+
+
+def _lines_kept_whole(env: dict[str, str]) -> None:
+    """Ray's drivers print the simulated host's lines as each worker logs them: not folded into one
+    ``[repeated Nx across cluster]`` line by Ray's deduplication (a user's own pattern is kept beside it)."""
+    own = env.get(_env.RAY_DEDUP_ALLOW, "")
+    if _env.SIMULATION_LINES not in own:
+        env[_env.RAY_DEDUP_ALLOW] = f"{own}|{_env.SIMULATION_LINES}" if own else _env.SIMULATION_LINES
 
 
 def _library_path_first(env: dict[str, str]) -> None:

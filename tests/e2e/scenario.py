@@ -732,6 +732,20 @@ def converted_loads(out: Path) -> list[dict[str, str]]:
     return [loads[key] for key in order]
 
 
+_SERVED = re.compile(
+    r"vLLMRolloutModel pid=(\d+)\).*served (\d+) requests \(tensor parallel rank (\d+) of (\d+)\)"
+)
+
+
+def served_per_rank(out: Path) -> dict[tuple[str, str], int]:
+    """How many requests each rank of each rollout engine took, by ``(engine's pid, rank)``: the largest
+    count its runner logged (``npu_compat.testing._requests_served`` logs at each power of two)."""
+    most: dict[tuple[str, str], int] = {}
+    for engine, count, rank, _size in _SERVED.findall(all_logs(out)):
+        most[engine, rank] = max(most.get((engine, rank), 0), int(count))
+    return most
+
+
 def trainer_sent(out: Path) -> list[str]:
     """The digest of what the trainer sent at each weight sync, in order."""
     return _digests(out, "trainer sent")

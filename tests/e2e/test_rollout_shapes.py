@@ -9,7 +9,6 @@ digests both sides log (``npu_compat.testing._digest``).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +64,9 @@ def test_two_engines_of_tp2_and_two_trainer_npus_sync_every_shard(tmp_path: Path
             assert load["holds"] == load["expected"]  # and holds exactly its slice of them
         # the two ranks of an engine hold different shards
         assert len({load["holds"] for load in this_sync}) == 2
-    # every engine generated, on both of its ranks: each rank's runner, a vLLM worker of its engine's
-    # vLLMRolloutModel actor, logs its count of requests at each power of two (_requests_served)
-    served = re.findall(
-        r"vLLMRolloutModel pid=(\d+)\).*served (\d+) requests \(tensor parallel rank (\d) of 2\)",
-        scenario.all_logs(out),
-    )
-    most: dict[tuple[str, str], int] = {}
-    for engine, count, rank in served:
-        most[engine, rank] = max(most.get((engine, rank), 0), int(count))
+    # every engine generated, on both of its ranks, the same requests: each rank's runner, a vLLM worker of
+    # its engine's vLLMRolloutModel actor, logs its count of requests
+    most = scenario.served_per_rank(out)
     engines = {engine for engine, _rank in most}
-    assert len(engines) == 2 and sorted(most) == sorted((e, r) for e in engines for r in "01"), served
-    # the ranks of an engine take the same requests
-    assert all(most[e, "0"] == most[e, "1"] > 0 for e in engines), served
+    assert len(engines) == 2 and sorted(most) == sorted((e, r) for e in engines for r in "01"), most
+    assert all(most[e, "0"] == most[e, "1"] > 0 for e in engines), most

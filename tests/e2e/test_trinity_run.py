@@ -357,6 +357,11 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     assert all("StopAsyncIteration" in e for e in errors), errors  # 0.5.2's loop ends so on any device
     # 0.6.0: the release's HCCL engine; 0.5.2: its own broadcasts (npu_compat.testing._weight_sync_digests)
     _shards_fresh(out, syncs=None if REL_052 else 3, ranks=2)
+    # both ranks generated, the same requests (0.5.2: workers of vLLM's Ray executor, whose lines Ray's log
+    # deduplication once folded into one)
+    most = scenario.served_per_rank(out)
+    assert sorted(rank for _engine, rank in most) == ["0", "1"], most
+    assert len(set(most.values())) == 1 and min(most.values()) > 0, most
 
 
 @on_the_real_vllm_ascend()

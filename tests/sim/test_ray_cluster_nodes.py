@@ -87,3 +87,40 @@ def test_the_cluster_reads_the_autoscalers_last_report_before_it_asks_ray_status
     assert _monitor_active(log) == 1
     log.write_text(MONITOR_LOG)
     assert _monitor_active(log) == 2  # the last report counts
+
+
+#: Ray's own deduplicator, as a driver runs it on the output of the workers (``ray_logging.LogDeduplicator``, its
+#: allowed pattern read from the environment by ``ray_constants``): each rank's ``served`` line as the simulated
+#: host logs it, at 1, 2 and 4 requests, from the two workers of a TP 2 engine.  What reaches the terminal.
+DEDUP = """
+import json
+from ray._private import ray_constants
+from ray._private.ray_logging import LogDeduplicator
+
+def printed(allow):
+    dedup, out = LogDeduplicator(5, allow, None, _timesource=lambda: 0.0), []
+    for count in (1, 2, 4):
+        for rank in (0, 1):
+            line = (f"INFO 12-07 14:48:38 [_requests_served.py:55] simulated Ascend: NPUModelRunner on npu:{rank} "
+                    f"served {count} requests (tensor parallel rank {rank} of 2)")
+            for batch in dedup.deduplicate({"ip": "10.0.0.1", "pid": 100 + rank, "lines": [line]}):
+                out += batch["lines"]
+    return len(out)
+
+print(json.dumps({"ray's default": printed(None), "simulated host": printed(ray_constants.RAY_DEDUP_LOGS_ALLOW_REGEX)}))
+"""
+
+
+def test_the_drivers_print_every_workers_simulated_lines_as_each_logs_them() -> None:
+    """Ray folds a line of one worker into another worker's line that differs from it only in numbers (and
+    prints the fold only after its window, which a driver that exits first never does): of the six ``served``
+    lines of a TP 2 engine on vLLM's Ray executor, one reached the log.  The simulated host's environment lets
+    its own lines through whole."""
+    from npu_compat import _env
+    from npu_compat.testing import simulation_env
+    from tests.conftest import last_json, run_py
+
+    allow = simulation_env(1, {})[_env.RAY_DEDUP_ALLOW]
+    out = last_json(run_py(DEDUP, env={_env.RAY_DEDUP_ALLOW: allow}))
+    assert out["ray's default"] < 6
+    assert out["simulated host"] == 6
