@@ -49,7 +49,9 @@ def simulation_env(
     ``PYTHONPATH``.  ``vllm_platform=False`` leaves vllm-ascend's distribution out (vLLM then finds no
     platform plugin, as on a host without vllm-ascend); None keeps ``environ``'s setting (default on).
     A process with vLLM runs the released vllm-ascend's own Python, laid out by ``python -m
-    npu_compat.testing vllm-ascend``.  Pass it to ``subprocess``, ``ray start`` or a Ray ``runtime_env``.
+    npu_compat.testing vllm-ascend``.  Ray's drivers print the simulated host's own lines as each worker logs
+    them (``RAY_DEDUP_LOGS_ALLOW_REGEX`` gains their pattern).  Pass it to ``subprocess``, ``ray start`` or a
+    Ray ``runtime_env``.
 
     As CANN's ``set_env.sh`` puts its compiler on ``PATH``, ``PATH`` starts with the simulated toolkit's (a
     ``bisheng`` that answers triton-ascend's probe and compiles nothing), and ``TRITON_INTERPRET=1`` runs

@@ -1,4 +1,4 @@
-"""The digests of a weight sync over HCCL on the released vllm-ascend: what was sent, what the rollout holds.
+"""The digests of a weight sync on the simulated host: what the trainer sent, what the rollout holds.
 
 The released vllm-ascend logs nothing of what a sync moved.  In every simulated process this module
 observes both sides of a sync and logs one line each (:data:`._digest.LINE`), on vLLM's logger so that they
@@ -148,7 +148,10 @@ _own_sent = WeightsDigest()
 def _own_sync_caller() -> Any:
     """The frame of the :data:`OWN_SYNC` function that called ``torch.distributed``, or None: the caller of
     :func:`_observed`'s wrapper, two frames above the observer."""
-    frame = sys._getframe(3)
+    try:
+        frame = sys._getframe(3)
+    except ValueError:  # called from near the top of a thread's stack: no sync function
+        return None
     return frame if OWN_SYNC.get(frame.f_globals.get("__name__", "")) == frame.f_code.co_name else None
 
 
