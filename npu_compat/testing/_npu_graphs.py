@@ -319,6 +319,10 @@ def _capturing_recording(what: str) -> _Recording:
 class _Capture(TorchDispatchMode):  # type: ignore[misc]
     """Runs each operator and records it (see the module)."""
 
+    #: A higher-order operator in a compiled graph (``auto_functionalized_v2`` around an in-place custom op,
+    #: as vLLM's LoRA layers call them) is Python over operators: the operators it runs are the tasks.
+    supports_higher_order_operators = True
+
     def __init__(self, recording: _Recording) -> None:
         super().__init__()
         self.recording = recording
@@ -329,6 +333,12 @@ class _Capture(TorchDispatchMode):  # type: ignore[misc]
         kwargs = kwargs or {}
         if getattr(_capturing, "launching", False):  # a kernel's host copies: the launch is the task
             return func(*args, **kwargs)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            dense = func.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
+            if dense is None:
+                raise needs_npu(f"{func.name()} inside an ACL graph capture", "no dense kernel to record")
+            with self:
+                return dense(*args, **kwargs)
         composite = _composite_key(func)
         if composite is not None:  # Python over device work: its operators and launches are the tasks
             with self:

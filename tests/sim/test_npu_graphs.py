@@ -308,3 +308,53 @@ def test_a_replay_runs_the_collectives_it_captured() -> None:
         assert out["summed"] == [3 * i + 1 for i in range(4)]  # x * 1 + x * 2, then + 1
         assert out["gathered"] == [float(i) for i in range(4)] + [float(i + 1) for i in range(4)]
         assert out["functional"] == [3 * i for i in range(4)]  # torch's functional collectives alike
+
+
+#: An in-place custom operator inside a compiled function, as vLLM's LoRA layers call punica's kernels: the
+#: graph AOT autograd hands its compiler runs it through the higher-order operator ``auto_functionalized_v2``
+#: (inductor would re-inplace it; vLLM's npugraph_ex and eager backends do not).  As vLLM does, the compiled
+#: graph is called directly inside the capture, then replayed on a new input and new weights.
+HIGHER_ORDER = """
+import json, torch, torch_npu
+from torch._dynamo.backends.common import aot_autograd
+
+@torch.library.custom_op("npu_compat_test::add_product_", mutates_args=("y",))
+def add_product_(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    y.add_(x @ w)
+
+@add_product_.register_fake
+def _(y, x, w):
+    return None
+
+def step(x, w):
+    y = torch.zeros(x.shape[0], w.shape[1], device=x.device)
+    add_product_(y, x, w)
+    return y * 2
+
+graphs = []
+def keep(gm, example_inputs):
+    graphs.append(gm)
+    return gm
+
+x = torch.randn(2, 4, device="npu:0")
+w = torch.randn(4, 3, device="npu:0")
+with torch.no_grad():
+    torch.compile(step, backend=aot_autograd(fw_compiler=keep), fullgraph=True)(x, w)
+    [graph] = graphs
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        [y] = graph(x, w)
+    x.copy_(torch.randn(2, 4))
+    w.copy_(torch.randn(4, 3))
+    g.replay()
+    print(json.dumps({"fresh": torch.allclose(y.cpu(), step(x, w).cpu()),
+                      "higher_order": "auto_functionalized" in graph.code}))
+"""
+
+
+def test_a_higher_order_operator_in_a_compiled_graph_is_captured_and_replayed() -> None:
+    """The simulation's capture once refused a higher-order operator ("no rule registered for
+    HigherOrderOperator auto_functionalized_v2"), which Trinity's LoRA run in graph mode met; the device's
+    capture records the kernels beneath it."""
+    out = sim_json(HIGHER_ORDER, devices=1, timeout=300)
+    assert out["higher_order"] and out["fresh"], out
