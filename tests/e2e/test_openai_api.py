@@ -42,8 +42,7 @@ def openai_config(text: str) -> str:
     The follow-up turn's prompt holds the first turn, so the prompt and model lengths grow; the trainer's
     batch is every experience of an explore step (2 tasks x 2 answers x 2 turns)."""
     for old, new in [
-        ("  max_prompt_tokens: 64\n", "  max_prompt_tokens: 96\n"),
-        ("  max_model_len: 80\n", "  max_model_len: 128\n"),
+        ("  max_model_len: 104\n", "  max_model_len: 128\n"),
         ("  batch_size: 2\n", f"  batch_size: 2\n  train_batch_size: {EXPERIENCES_PER_STEP}\n"),
         ("        temperature: 1.0\n",
          f"        temperature: 1.0\n        max_tokens: {MAX_TOKENS}\n        logprobs: {TOP_LOGPROBS}\n"),

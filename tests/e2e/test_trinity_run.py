@@ -148,6 +148,7 @@ def test_compat_both_runs_two_grpo_steps_syncing_weights_over_hccl(tmp_path: Pat
     # the prompts reach the rollout and it generates (over max_prompt_tokens Trinity would skip them)
     served = [int(n) for n in re.findall(r"NPUModelRunner on npu:\d+ served (\d+) requests", text)]
     assert served and all(served), served
+    assert "Prompt was truncated" not in text
     print("host memory the run added at its peak:", result["host_memory_peak_gib"], "GiB")
     # the timeline (doctor --timeline): every process's report places it -- started, then npu-compat
     # active, then its last change -- the driver, Ray's processes, the actors and vLLM's among them
@@ -279,6 +280,7 @@ def test_compat_052_both_runs_two_grpo_steps_syncing_weights_over_hccl(
     steps = scenario.train_steps(out)
     assert [step["step"] for step in steps][:2] == [1, 2], steps
     _shards_fresh(out, syncs=None, ranks=1)  # a bfloat16 rollout of the trainer's float32 weights
+    assert "Prompt was truncated" not in text  # every prompt reached the rollout
     _assert_applied(
         result,
         {
@@ -358,10 +360,11 @@ def test_compat_runs_on_the_real_vllm_ascend_with_an_eager_tp2_rollout(
     # 0.6.0: the release's HCCL engine; 0.5.2: its own broadcasts (npu_compat.testing._weight_sync_digests)
     _shards_fresh(out, syncs=None if REL_052 else 3, ranks=2)
     # both ranks generated, the same requests (0.5.2: workers of vLLM's Ray executor, whose lines Ray's log
-    # deduplication once folded into one)
+    # deduplication once folded into one); no prompt was over max_prompt_tokens, which Trinity would not send
     most = scenario.served_per_rank(out)
     assert sorted(rank for _engine, rank in most) == ["0", "1"], most
     assert len(set(most.values())) == 1 and min(most.values()) > 0, most
+    assert "Prompt was truncated" not in text
 
 
 @on_the_real_vllm_ascend()

@@ -74,7 +74,7 @@ algorithm:
   repeat_times: 2
 model:
   model_path: {root}/model
-  max_prompt_tokens: 24
+  max_prompt_tokens: 80
   max_response_tokens: 6
 cluster:
   ray_address: auto
@@ -165,6 +165,11 @@ def test_a_users_own_config_runs_two_grpo_steps_to_exit_0(user_venv: Path, tmp_p
     assert "dtype=torch.bfloat16" in logs
     kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", logs)
     assert kv and all(abs(float(gib) - 0.9 * 64) < 0.01 for gib in kv), kv
+    # every prompt (math_workflow's system prompt and a question: 72 tokens here) reached the rollout, whose
+    # runner generated for each: Trinity records a masked dummy experience for a prompt over max_prompt_tokens
+    assert "Prompt was truncated" not in logs
+    served = [int(n) for n in re.findall(r"NPUModelRunner on npu:\d+ served (\d+) requests", logs)]
+    assert served and max(served) >= 4, served  # 2 tasks x 2 answers a step, the count logged at 1, 2, 4, ...
     # every process of the run activated (the driver, Ray's actors, vLLM's workers), and each patch is
     # reported applied in the process where its code runs
     reports = tmp_path / "reports"
