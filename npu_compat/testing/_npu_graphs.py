@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ._boundary import needs_npu
@@ -189,7 +189,8 @@ class _Recording:
         keys.append(key)
         if key not in self.made and key not in self.outside:
             self.outside[key] = described or _describe(t)
-        return t.detach()
+        with _disable_current_modes():  # bookkeeping, no device work: not behind a held replay, not a task
+            return t.detach()
 
     def pin_all(self, keys: list[int], name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
         position = itertools.count()
@@ -474,6 +475,9 @@ class NPUGraph:
         #: Where a held replay goes on, and what holds it there.
         self._held_at: int | None = None
         self._behind: _BehindReplay | None = None
+        #: The stream the replay was issued on: what a hold blocks, wherever the event that resumed it was
+        #: recorded (vllm-ascend records it on its update stream, and the replay may be held again there)
+        self._stream_id: int | None = None
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if self._mode is not None or getattr(_capturing, "graph", None) is not None:
@@ -496,6 +500,7 @@ class NPUGraph:
             raise RuntimeError("simulated npu: replay of a graph that has not been captured")
         check_no_held_replay("an ACL graph replay")
         self._check_held()
+        self._stream_id = _current_stream_id()
         self._run(0)
 
     def _run(self, start: int) -> None:
@@ -512,7 +517,8 @@ class NPUGraph:
         self._held_at = at
         event._waiter = self
         _held.append(self)
-        self._behind = _BehindReplay(_current_stream_id())
+        stream_id = self._stream_id if self._stream_id is not None else _current_stream_id()
+        self._behind = _BehindReplay(stream_id)
         self._behind.__enter__()
 
     def _go_on(self) -> None:

@@ -358,3 +358,57 @@ def test_a_higher_order_operator_in_a_compiled_graph_is_captured_and_replayed() 
     capture records the kernels beneath it."""
     out = sim_json(HIGHER_ORDER, devices=1, timeout=300)
     assert out["higher_order"] and out["fresh"], out
+
+
+#: Two attention layers, each a task group behind its own event, as a FULL graph of a two-layer model: the
+#: replay is held at layer 0, goes on when the update stream records layer 0's event, and is held again at
+#: layer 1 -- still on the stream it was issued on, while the host updates layer 1 from the update stream.
+TWO_LAYERS = """
+import json, torch, torch_npu
+from npu_compat.testing._boundary import SimulatedComputeBoundary
+dev = "npu:0"
+x = torch.randn(4, device=dev)
+y1 = torch.empty(4, device=dev); y2 = torch.empty(4, device=dev)
+two, three = torch.full((4,), 2.0, device=dev), torch.full((4,), 3.0, device=dev)
+events = [torch.npu.ExternalEvent(), torch.npu.ExternalEvent()]
+handles = []
+lib = torch.library.Library("sim_test2", "DEF")
+lib.define("attention(Tensor x, Tensor(a!) y, int layer) -> ()")
+def attention(x, y, layer):
+    stream = torch.npu.current_stream()
+    events[layer].wait(stream)
+    events[layer].reset(stream)
+    torch.npu.graph_task_group_begin(stream)
+    torch.mul(x, two, out=y)
+    handles.append(torch.npu.graph_task_group_end(stream))
+lib.impl("attention", attention, "PrivateUse1")
+g = torch.npu.NPUGraph()
+with torch.npu.graph(g):
+    torch.ops.sim_test2.attention(x, y1, 0)
+    h = y1 + 1
+    torch.ops.sim_test2.attention(h, y2, 1)
+    z = y2 + 1
+update_stream = torch.npu.Stream()
+out = {}
+try:
+    x.copy_(torch.randn(4))
+    g.replay()
+    with torch.npu.stream(update_stream):
+        for layer, (src, dst) in enumerate(((x, y1), (h, y2))):
+            torch.npu.graph_task_update_begin(update_stream, handles[layer])
+            torch.mul(src, three, out=dst)
+            torch.npu.graph_task_update_end(update_stream)
+            events[layer].record(update_stream)
+    out["ok"] = z.tolist() == (((x * 3) + 1) * 3 + 1).tolist()
+except SimulatedComputeBoundary as e:
+    out["boundary"] = str(e)[:200]
+print(json.dumps(out))
+"""
+
+
+def test_a_replay_held_again_at_the_next_layer_still_holds_its_own_stream() -> None:
+    """A held replay was once taken to block the stream that was current when it went on (the update
+    stream): the next layer's update then stopped as "issued behind a held ACL graph replay" (Trinity's
+    GRPO run on a two-layer Llama in graph mode)."""
+    out = sim_json(TWO_LAYERS, devices=1)
+    assert out == {"ok": True}, out
