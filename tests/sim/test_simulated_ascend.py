@@ -63,6 +63,33 @@ def test_torch_sees_an_ascend_host_and_cuda_stays_false() -> None:
     assert out["allocated"] == [0, 0]  # verl's log_gpu_memory_usage calls these without a device
 
 
+def test_npu_on_host_serves_npu_devices_and_indices_on_the_cpu_and_leaves_cuda_alone() -> None:
+    out = sim_child(
+        """
+        import json
+        import torch
+        from npu_compat.testing._boundary import npu_on_host
+        errors = []
+        with npu_on_host() as requests:
+            a = torch.ones(2, device="npu:1")
+            b = torch.nn.Linear(2, 2).to(torch.npu.current_device())  # upstream's FSDP1 LoRA save
+            c = torch.zeros(1, device=0)
+            try:
+                torch.ones(1, device="cuda")
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+        print(json.dumps({
+            "devices": [a.device.type, b.weight.device.type, c.device.type],
+            "requests": requests, "index": str(torch.device(0)), "cuda": errors,
+        }))
+        """
+    )
+    assert out["index"] == "npu:0"  # torch reads a bare index as the current accelerator's
+    assert out["devices"] == ["cpu", "cpu", "cpu"]
+    assert out["requests"][0] == "npu:1" and set(out["requests"][1:]) == {"npu:0"}
+    assert out["cuda"] and out["cuda"][0] in {"AssertionError", "RuntimeError"}
+
+
 def test_npu_compat_decides_npu_under_the_simulation() -> None:
     out = sim_child(
         """
