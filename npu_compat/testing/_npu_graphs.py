@@ -517,8 +517,8 @@ class NPUGraph:
         self._held_at = at
         event._waiter = self
         _held.append(self)
-        stream_id = self._stream_id if self._stream_id is not None else _current_stream_id()
-        self._behind = _BehindReplay(stream_id)
+        assert self._stream_id is not None  # set by the replay this hold belongs to
+        self._behind = _BehindReplay(self._stream_id)
         self._behind.__enter__()
 
     def _go_on(self) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ._weight_sync_digests import tensor_parallel
 from ._when_imported import WhenImported
 
 RUNNER = "vllm_ascend.worker.model_runner_v1"
@@ -50,23 +51,10 @@ def _counted(update: Callable[..., Any]) -> Callable[..., Any]:
             served = before + new
             self._npu_compat_requests_served = served
             if served.bit_length() > before.bit_length():  # a power of two reached or passed
-                rank, size = _tensor_parallel()
+                rank, size = tensor_parallel()
                 device = getattr(self, "device", "npu")
                 logger.info(LINE, device, served, rank, size)
         return update(self, scheduler_output, *args, **kwargs)
 
     _update_states._npu_compat_observed = True  # type: ignore[attr-defined]
     return _update_states
-
-
-def _tensor_parallel() -> tuple[int, int]:
-    """This process's tensor-parallel rank and size, (0, 1) where vLLM's groups are not set up."""
-    try:
-        from vllm.distributed import parallel_state
-
-        return (
-            parallel_state.get_tensor_model_parallel_rank(),
-            parallel_state.get_tensor_model_parallel_world_size(),
-        )
-    except Exception:  # noqa: BLE001 -- a runner outside vLLM's groups (a unit test's) is one rank of one
-        return 0, 1

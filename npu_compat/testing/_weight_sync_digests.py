@@ -252,7 +252,7 @@ class _Shards:
 _sharded = _Shards()
 
 
-def _tp() -> tuple[int, int]:
+def tensor_parallel() -> tuple[int, int]:
     """This process's tensor parallel rank and size; (0, 1) where vLLM's groups are not set up (a model
     driven outside vLLM's worker, as a test drives Trinity's extension)."""
     try:
@@ -288,7 +288,7 @@ def _log_held(model: Any, received: dict[str, Any]) -> None:
     tensor parallelism, or where the model holds another dtype than arrived, the rank's ``received``,
     ``expected`` and ``holds`` (its slices, in its dtype)."""
     global _sharded
-    rank, size = _tp()
+    rank, size = tensor_parallel()
     tensors = _named_tensors(model)
     found = {name: _held(model, tensors, name, size) for name in received}
     missing = [name for name, held in found.items() if held is None]
@@ -383,7 +383,7 @@ def _slice(model: Any, tensors: dict[str, Any], name: str, full: Any) -> Any:
     layer_name, _, leaf = held_name.rpartition(".")
     layer = model.get_submodule(layer_name) if layer_name else model
     dtype = tensors[held_name].dtype
-    rank, size = _tp()
+    rank, size = tensor_parallel()
     # a layer of a group of its own (vllm-ascend's o_proj or lm_head TP) states its own rank and size
     rank, size = getattr(layer, "tp_rank", rank), getattr(layer, "tp_size", size)
     if isinstance(layer, VocabParallelEmbedding):
